@@ -1,0 +1,32 @@
+# flowrl: `make demo` runs the embedded default job, `make test` the whole suite.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: demo test venv bench bench-toy clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1 || $(BIN)/pip install -q torch torchvision
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	FLOWRL_NUM_THREADS=1 $(BIN)/flowrl train configs/toy/fdfo.yaml output_dir=outputs/demo overwrite=true
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+bench: bench-toy
+
+bench-toy: $(STAMP)
+	FLOWRL_NUM_THREADS=1 $(BIN)/python tests/benchmarks/bench_toy.py
+
+clean:
+	rm -rf outputs

@@ -1,0 +1,3 @@
+from flowrl.cli import entry
+
+entry()

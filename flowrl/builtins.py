@@ -1,0 +1,3 @@
+"""Import the built-in heads, rewards, data sources and environments (registration)."""
+import flowrl.algorithms  # noqa: F401
+import flowrl.testing  # noqa: F401

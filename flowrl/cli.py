@@ -1,0 +1,158 @@
+"""Command line: ``flowrl train|eval|sample|validate CONFIG [key=value ...]``.
+
+User mistakes (missing file, bad YAML, unknown key, wrong type, invalid combination,
+missing checkpoint) exit with code 2 and one line naming the key and the fix.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import List, Optional, Tuple
+
+USAGE = """flowrl train CONFIG [key=value ...]              train; writes output_dir/{config.yaml,metrics.jsonl,checkpoints/,final/,report.json}
+flowrl eval CONFIG [checkpoint=DIR] [key=value ...] evaluate a checkpoint (default: the starting model); writes output_dir/eval.json
+flowrl sample CONFIG [checkpoint=DIR] [key=value ...] sample the evaluation items; writes output_dir/samples.safetensors
+flowrl validate CONFIG [key=value ...]            check a config without running anything
+flowrl validate --list heads|algorithms|rewards|data|envs"""
+
+
+class UserError(Exception):
+    pass
+
+
+def _pop(overrides: List[str], key: str) -> Tuple[Optional[str], List[str]]:
+    value, rest = None, []
+    for o in overrides:
+        if o.startswith(key + "="):
+            value = o.split("=", 1)[1]
+        else:
+            rest.append(o)
+    return value, rest
+
+
+def _load(path: str, overrides: List[str]):
+    import flowrl.builtins  # noqa: F401  (registers heads, algorithms, rewards, data sources)
+    from flowrl.config import load_config
+
+    return load_config(path, overrides)
+
+
+def _list(kind: str) -> str:
+    import flowrl.builtins  # noqa: F401
+    from flowrl.registry import ALGORITHMS, DATASETS, ENVIRONMENTS, HEADS
+    from rewards import REWARDS
+
+    regs = {"heads": HEADS, "algorithms": ALGORITHMS, "rewards": REWARDS, "data": DATASETS, "envs": ENVIRONMENTS}
+    if kind not in regs:
+        raise UserError(f"--list: unknown kind '{kind}'; choose one of {', '.join(regs)}")
+    reg = regs[kind]
+    return "\n".join(f"{n:<20} {reg.get(n).help}" for n in reg.names())
+
+
+def cmd_validate(args) -> int:
+    if args.list:
+        print(_list(args.list))
+        return 0
+    if not args.config:
+        raise UserError("validate: pass a CONFIG path (or --list KIND)")
+    cfg = _load(args.config, args.overrides)
+    print(f"{args.config}: ok ({cfg.algorithm.name} on {cfg.head.name}, {cfg.max_steps} steps -> {cfg.output_dir})")
+    return 0
+
+
+def _trainer(args, for_eval: bool):
+    import torch
+
+    from flowrl.trainer import Trainer
+
+    if os.environ.get("FLOWRL_NUM_THREADS"):
+        torch.set_num_threads(int(os.environ["FLOWRL_NUM_THREADS"]))
+    checkpoint, overrides = _pop(args.overrides, "checkpoint")
+    cfg = _load(args.config, overrides)
+    if checkpoint is not None and not os.path.isfile(os.path.join(checkpoint, "trainable.safetensors")):
+        raise UserError(f"checkpoint: {checkpoint} is not a checkpoint (no trainable.safetensors); "
+                        f"pass output_dir/checkpoints/step-N or output_dir/final")
+    trainer = Trainer(cfg, for_eval=for_eval)
+    if checkpoint is not None:
+        trainer.load_for_eval(checkpoint)
+    return cfg, trainer
+
+
+def cmd_train(args) -> int:
+    cfg, trainer = _trainer(args, for_eval=False)
+    trainer.train()
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from flowrl.trainer.checkpoint import atomic_write_text
+
+    seed, args.overrides = _pop(args.overrides, "seed")
+    cfg, trainer = _trainer(args, for_eval=True)
+    metrics = trainer.evaluate(seed=int(seed) if seed is not None else None)
+    if trainer.is_main:
+        print(json.dumps(metrics, indent=2))
+        os.makedirs(cfg.output_dir, exist_ok=True)
+        atomic_write_text(os.path.join(cfg.output_dir, "eval.json"), json.dumps(metrics, indent=2))
+    return 0
+
+
+def cmd_sample(args) -> int:
+    import torch
+    from safetensors.torch import save_file
+
+    from flowrl import rng
+    from flowrl.mdp import time_grid
+
+    cfg, trainer = _trainer(args, for_eval=True)
+    items = list(trainer.data.eval_items())[: cfg.eval.num_items]
+    n = len(items) * cfg.eval.samples_per_item
+    gi = [rng.generator(cfg.eval.seed, rng.STREAM_EVAL, j, 0) for j in range(n)]
+    gc = [rng.generator(cfg.eval.seed, rng.STREAM_EVAL, j, 1) for j in range(n)]
+    batch = [items[j // cfg.eval.samples_per_item] for j in range(n)]
+    res = trainer._rollout(batch, gi, gc, trainer.eval_sampler, time_grid(cfg.eval.num_steps or cfg.chain.num_steps, cfg.chain.shift))
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    path = os.path.join(cfg.output_dir, "samples.safetensors")
+    save_file({"final": res["states"][:, -1].contiguous().cpu()}, path)
+    print(f"wrote {n} samples to {path}")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="flowrl", usage=USAGE, add_help=True)
+    parser.add_argument("command", choices=["train", "eval", "sample", "validate"])
+    parser.add_argument("config", nargs="?")
+    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--list", default=None)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    if args.command != "validate" and not args.config:
+        print(f"flowrl: error: {args.command} needs a CONFIG path (see configs/)", file=sys.stderr)
+        return 2
+    from flowrl.registry import ConfigError
+
+    handlers = {"train": cmd_train, "eval": cmd_eval, "sample": cmd_sample, "validate": cmd_validate}
+    try:
+        return handlers[args.command](args)
+    except (ConfigError, UserError) as e:
+        print(f"flowrl: error: {e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        msg = str(e).splitlines()[0] if str(e) else "a required file is missing"
+        print(f"flowrl: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("flowrl: interrupted", file=sys.stderr)
+        return 130
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,252 @@
+"""The denoising chain as a Markov decision process.
+
+* ``time_grid``: the K+1 times of a chain (uniform or SD3-style shifted), t_0 = 1 -> t_K = 0.
+* ``DenoisingChain``: the grid plus the trainable-step window (train only a subset of
+  steps, as MixGRPO / Flow-GRPO-Fast do) and the two views of an action:
+  - step level (GRPO family): one action = one transition x_{t_k} -> x_{t_{k+1}};
+  - trajectory level (FDFO, PTR): one action = the whole chain.
+* ``sample_chain``: run a chain with a head and a stateless sampler, recording what the
+  algorithm needs (states, log-probs, velocities).
+* ``ClosedLoop``: the two-layer MDP (SCORP / DPPO construction): an outer environment step
+  wraps a whole inner chain; each (episode, env step) chain becomes one row of a
+  Trajectory whose reward is the episode's return, so step-level algorithms apply as is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+
+import torch
+
+from flowrl._fields import hfield
+from flowrl.samplers.base import Sampler
+from flowrl.types import Trajectory
+
+Tensor = torch.Tensor
+
+
+def time_grid(num_steps: int, shift: float = 1.0) -> Tensor:
+    """[K+1] decreasing times from 1 to 0.
+
+    shift = 1 gives the uniform grid; shift > 1 gives SD3's shifted sigmas
+    t' = shift * t / (1 + (shift - 1) * t), which spends more steps at high noise.
+    """
+    if num_steps < 1:
+        raise ValueError("chain.num_steps must be >= 1")
+    t = torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)
+    if shift != 1.0:
+        t = shift * t / (1 + (shift - 1) * t)
+    return t.float()
+
+
+@dataclass
+class ChainConfig:
+    """How a chain is discretised and which of its steps are trained."""
+
+    num_steps: int = hfield(10, "denoising steps K of a training rollout (Flow-GRPO trains with 10)")
+    shift: float = hfield(1.0, "SD3-style time shift (1 = uniform grid; SD3.5 uses 3.0)")
+    train_window_start: int = hfield(0, "first trainable step index (MixGRPO window start)")
+    train_window_size: int = hfield(0, "number of trainable steps from the start (0 = all steps)")
+    window_slide_every: int = hfield(0, "slide the window by one step every N iterations (MixGRPO; 0 = fixed)")
+    train_fraction: float = hfield(1.0, "random fraction of the window trained per iteration (Flow-GRPO timestep_fraction)")
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 1:
+            raise ValueError("chain.num_steps must be >= 1")
+        if not 0 <= self.train_window_start < self.num_steps:
+            raise ValueError(f"chain.train_window_start must be in [0, {self.num_steps - 1}]")
+        if self.train_window_size < 0:
+            raise ValueError("chain.train_window_size must be >= 0 (0 = all steps)")
+        if not 0.0 < self.train_fraction <= 1.0:
+            raise ValueError("chain.train_fraction must be in (0, 1]")
+
+
+class DenoisingChain:
+    """A discretised chain and its trainable window.
+
+    >>> chain = DenoisingChain(ChainConfig(num_steps=4))
+    >>> chain.times.shape
+    torch.Size([5])
+    """
+
+    def __init__(self, config: ChainConfig):
+        self.config = config
+        self.times = time_grid(config.num_steps, config.shift)
+
+    @property
+    def num_steps(self) -> int:
+        return self.config.num_steps
+
+    def window(self, iteration: int = 0) -> Tensor:
+        """[W] long, the trainable step indices at training ``iteration`` (no randomness)."""
+        c = self.config
+        size = c.train_window_size or (c.num_steps - c.train_window_start)
+        start = c.train_window_start
+        if c.window_slide_every > 0:
+            span = max(c.num_steps - size, 0) + 1
+            start = (start + iteration // c.window_slide_every) % span
+        end = min(start + size, c.num_steps)
+        return torch.arange(start, end)
+
+    def trainable_steps(self, iteration: int, generator: Optional[torch.Generator] = None) -> Tensor:
+        """[S] sorted step indices trained this iteration (a random subset of the window
+        when ``train_fraction < 1``, drawn with ``generator`` so all processes agree)."""
+        steps = self.window(iteration)
+        n = max(1, round(len(steps) * self.config.train_fraction))
+        if n < len(steps):
+            pick = torch.randperm(len(steps), generator=generator)[:n]
+            steps = steps[pick.sort().values]
+        return steps
+
+    @staticmethod
+    def step_view(traj: Trajectory, steps: Tensor) -> Dict[str, Tensor]:
+        """Flatten chosen steps of every chain into transitions (action = one step).
+
+        Returns a dict of [B*S, ...] tensors: x, x_next, t, t_next, step, sample_idx and,
+        when recorded, old_log_prob [B*S] (or [B*S, A]) and v_old.
+        """
+        b, s = traj.batch_size, len(steps)
+        sample_idx = torch.arange(b).repeat_interleave(s)
+        step_idx = steps.repeat(b)
+        out = {
+            "sample_idx": sample_idx,
+            "step": step_idx,
+            "x": traj.states[sample_idx, step_idx],
+            "x_next": traj.states[sample_idx, step_idx + 1],
+            "t": traj.times[sample_idx, step_idx],
+            "t_next": traj.times[sample_idx, step_idx + 1],
+        }
+        if traj.log_probs is not None:
+            out["old_log_prob"] = traj.log_probs[sample_idx, step_idx]
+        if traj.velocities is not None:
+            out["v_old"] = traj.velocities[sample_idx, step_idx]
+        return out
+
+    @staticmethod
+    def trajectory_view(traj: Trajectory) -> Tuple[Tensor, Tensor]:
+        """Action = the whole chain: (initial states [B, ...], final states [B, ...])."""
+        return traj.states[:, 0], traj.states[:, -1]
+
+
+@torch.no_grad()
+def sample_chain(
+    velocity_fn: Callable[[Tensor, Tensor, Dict[str, Tensor]], Tensor],
+    sampler: Sampler,
+    x_init: Tensor,
+    cond: Dict[str, Tensor],
+    times: Tensor,
+    chain_generators: Optional[Sequence[torch.Generator]] = None,
+    record_velocity: bool = False,
+    event_ndim: Optional[int] = None,
+) -> Dict[str, Optional[Tensor]]:
+    """Run one chain per sample.
+
+    x_init: [B, ...] noise at t = times[0]; times: [K+1]; chain_generators: B generators
+    (sample i's step noise comes only from generator i). Returns
+    states [B, K+1, ...], times [B, K+1], log_probs [B, K(, A)] or None, velocities
+    [B, K, ...] or None.
+    """
+    b = x_init.shape[0]
+    x = sampler.init(x_init, chain_generators)
+    states, log_probs, velocities = [x], [], []
+    for k in range(len(times) - 1):
+        t = times[k].expand(b).to(x.device)
+        t_next = times[k + 1].expand(b).to(x.device)
+        v = velocity_fn(x, t, cond)
+        out = sampler.step(v, x, t, t_next, generator=chain_generators, event_ndim=event_ndim)
+        x = out.x_next
+        states.append(x)
+        log_probs.append(out.log_prob)
+        if record_velocity:
+            velocities.append(v)
+    has_lp = all(lp is not None for lp in log_probs)
+    return {
+        "states": torch.stack(states, dim=1),
+        "times": times.to(x.device).unsqueeze(0).expand(b, -1).contiguous(),
+        "log_probs": torch.stack(log_probs, dim=1) if has_lp else None,
+        "velocities": torch.stack(velocities, dim=1) if record_velocity else None,
+    }
+
+
+class Environment(Protocol):
+    """What the two-layer helper needs from a closed-loop environment (batched)."""
+
+    def reset(self, batch: Sequence[Any], seeds: Sequence[int]) -> Any:
+        """Start one episode per item; returns the environment state."""
+
+    def observe(self, state: Any) -> Sequence[Any]:
+        """Per-episode observations, the items ``Head.encode`` takes."""
+
+    def step(self, state: Any, action: Tensor) -> Tuple[Any, Tensor, Tensor]:
+        """Execute actions [B, ...]; returns (state, reward [B] or [B, A], done [B] bool)."""
+
+
+@dataclass
+class ClosedLoopResult:
+    """rows: one chain per (episode, env step), flattened episode-major.
+
+    states [B*E, K+1, ...], times [B*E, K+1], log_probs [B*E, K(, A)], cond {k: [B*E, ...]},
+    episode [B*E] long (which episode a row belongs to), env_step [B*E] long,
+    alive [B*E] bool (False for chains planned after the episode ended),
+    returns [B] or [B, A] (sum of rewards over the episode).
+    """
+
+    states: Tensor
+    times: Tensor
+    log_probs: Optional[Tensor]
+    cond: Dict[str, Tensor]
+    episode: Tensor
+    env_step: Tensor
+    alive: Tensor
+    returns: Tensor
+
+
+class ClosedLoop:
+    """Two-layer MDP: each outer environment step runs a whole inner denoising chain.
+
+    The inner chain's final state is the action chunk handed to ``env.step``. The
+    trainer treats each (episode, env step) chain as a sample whose reward is the
+    episode's return (SCORP / DPPO): per-step log-probs stay exact Gaussian ones.
+    """
+
+    def __init__(self, head, sampler: Sampler, chain: DenoisingChain, num_env_steps: int):
+        self.head, self.sampler, self.chain, self.num_env_steps = head, sampler, chain, num_env_steps
+
+    @torch.no_grad()
+    def rollout(
+        self,
+        env: Environment,
+        batch: Sequence[Any],
+        seeds: Sequence[int],
+        make_generators: Callable[[int], Sequence[torch.Generator]],
+    ) -> ClosedLoopResult:
+        """``make_generators(env_step)`` gives B generators for that step's chains."""
+        state = env.reset(batch, seeds)
+        b = len(batch)
+        alive = torch.ones(b, dtype=torch.bool)
+        returns = None
+        rows: List[Dict[str, Any]] = []
+        for e in range(self.num_env_steps):
+            cond = self.head.encode(env.observe(state))
+            gens = make_generators(e)
+            x0 = self.head.init_noise(cond, gens)
+            res = sample_chain(self.head.velocity, self.sampler, x0, cond, self.chain.times, gens,
+                               event_ndim=self.head.event_ndim)
+            action = self.head.decode(res["states"][:, -1], cond)
+            state, reward, done = env.step(state, action)
+            mask = alive.view(-1, *([1] * (reward.ndim - 1))).to(reward.dtype)
+            returns = reward * mask if returns is None else returns + reward * mask
+            rows.append({**res, "cond": cond, "alive": alive.clone()})
+            alive = alive & ~done.bool()
+        cat = lambda key: torch.stack([r[key] for r in rows], dim=1).flatten(0, 1)  # noqa: E731
+        has_lp = all(r["log_probs"] is not None for r in rows)
+        return ClosedLoopResult(
+            states=cat("states"),
+            times=cat("times"),
+            log_probs=cat("log_probs") if has_lp else None,
+            cond={k: torch.stack([r["cond"][k] for r in rows], 1).flatten(0, 1) for k in rows[0]["cond"]},
+            episode=torch.arange(b).repeat_interleave(self.num_env_steps),
+            env_step=torch.arange(self.num_env_steps).repeat(b),
+            alive=cat("alive"),
+            returns=returns,
+        )

@@ -1,0 +1,75 @@
+"""Samplers: Euler / Heun ODE, Flow-GRPO & DanceGRPO SDEs, DDIM, FDFO churn, CFG helpers."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
+
+import torch
+
+from flowrl._fields import hfield
+from flowrl.samplers.base import Sampler, gaussian_log_prob
+from flowrl.samplers.churn import ChurnSampler
+from flowrl.samplers.ddim import DDIMSampler
+from flowrl.samplers.guidance import cfg_combine, guided_velocity
+from flowrl.samplers.ode import EulerSampler, heun_step
+from flowrl.samplers.sde import FlowSDESampler
+
+
+@dataclass
+class SamplerConfig:
+    """Which sampler a rollout uses (config key ``sampler``)."""
+
+    name: str = hfield("flow_sde", help="sampler: euler | flow_sde | dance_sde | ddim | churn")
+    eta: float = hfield(0.7, help="noise level: SDE eta (flow_sde, dance_sde) or DDIM eta; >= 0")
+    gamma: float = hfield(0.0025, help="churn strength g of the FDFO churn sampler; >= 0")
+    t_cap: float = hfield(0.99, help="flow_sde: sigma_t uses min(t, t_cap) to stay finite at t = 1; in (0, 1)")
+
+    def __post_init__(self) -> None:
+        if self.name not in SAMPLERS:
+            raise ValueError(f"sampler.name={self.name!r} is unknown; set sampler.name to one of {sorted(SAMPLERS)}")
+        if self.eta < 0:
+            raise ValueError(f"sampler.eta={self.eta} is negative; set sampler.eta >= 0 (0 = deterministic)")
+        if self.gamma < 0:
+            raise ValueError(f"sampler.gamma={self.gamma} is negative; set sampler.gamma >= 0 (0 = no churn)")
+        if not 0.0 < self.t_cap < 1.0:
+            raise ValueError(f"sampler.t_cap={self.t_cap} is out of range; set sampler.t_cap in (0, 1), e.g. 0.99")
+
+
+def _build_ddim(cfg: SamplerConfig, alphas_cumprod: Optional[torch.Tensor]) -> Sampler:
+    if alphas_cumprod is None:
+        raise ValueError("sampler.name='ddim' needs alphas_cumprod (from the head's scheduler); pass it to build_sampler")
+    return DDIMSampler(alphas_cumprod, eta=cfg.eta)
+
+
+Builder = Callable[[SamplerConfig, Optional[torch.Tensor]], Sampler]
+
+SAMPLERS: Dict[str, Builder] = {
+    "euler": lambda cfg, ac: EulerSampler(),
+    "flow_sde": lambda cfg, ac: FlowSDESampler(eta=cfg.eta, noise_schedule="flow_grpo", t_cap=cfg.t_cap),
+    "dance_sde": lambda cfg, ac: FlowSDESampler(eta=cfg.eta, noise_schedule="constant", t_cap=cfg.t_cap),
+    "ddim": _build_ddim,
+    "churn": lambda cfg, ac: ChurnSampler(gamma=cfg.gamma),
+}
+
+
+def build_sampler(cfg: SamplerConfig, alphas_cumprod: Optional[torch.Tensor] = None) -> Sampler:
+    """Instantiate the sampler named by ``cfg.name``; alphas_cumprod [N] is required for "ddim"."""
+    if cfg.name not in SAMPLERS:
+        raise ValueError(f"sampler.name={cfg.name!r} is unknown; set sampler.name to one of {sorted(SAMPLERS)}")
+    return SAMPLERS[cfg.name](cfg, alphas_cumprod)
+
+
+__all__ = [
+    "Sampler",
+    "gaussian_log_prob",
+    "EulerSampler",
+    "heun_step",
+    "FlowSDESampler",
+    "DDIMSampler",
+    "ChurnSampler",
+    "cfg_combine",
+    "guided_velocity",
+    "SamplerConfig",
+    "SAMPLERS",
+    "build_sampler",
+]
