@@ -209,8 +209,12 @@ class ClosedLoop:
     episode's return (SCORP / DPPO): per-step log-probs stay exact Gaussian ones.
     """
 
-    def __init__(self, head, sampler: Sampler, chain: DenoisingChain, num_env_steps: int):
+    def __init__(self, head, sampler: Sampler, chain: DenoisingChain, num_env_steps: int,
+                 velocity_fn: Optional[Callable[[Tensor, Tensor, Dict[str, Tensor]], Tensor]] = None,
+                 times: Optional[Tensor] = None):
         self.head, self.sampler, self.chain, self.num_env_steps = head, sampler, chain, num_env_steps
+        self.velocity_fn = velocity_fn or head.velocity
+        self.times = chain.times if times is None else times
 
     @torch.no_grad()
     def rollout(
@@ -230,7 +234,7 @@ class ClosedLoop:
             cond = self.head.encode(env.observe(state))
             gens = make_generators(e)
             x0 = self.head.init_noise(cond, gens)
-            res = sample_chain(self.head.velocity, self.sampler, x0, cond, self.chain.times, gens,
+            res = sample_chain(self.velocity_fn, self.sampler, x0, cond, self.times, gens,
                                event_ndim=self.head.event_ndim)
             action = self.head.decode(res["states"][:, -1], cond)
             state, reward, done = env.step(state, action)

@@ -148,7 +148,9 @@ class Trainer:
             sl = slice(s, min(n, s + size))
             cond = self._to_device(self.head.encode(items[sl]))
             x0 = self.head.init_noise(cond, init_gens[sl]).to(self.device)
-            res = sample_chain(self.head.velocity, sampler, x0, cond, times, chain_gens[sl],
+            # through the prepared model (DDP/FSDP wrapper, autocast) so that rollout and
+            # update compute the same log-probs
+            res = sample_chain(self.model, sampler, x0, cond, times, chain_gens[sl],
                                record_velocity=self.algorithm.record_velocity, event_ndim=self.head.event_ndim)
             res["cond"] = cond
             parts.append(res)
@@ -164,7 +166,7 @@ class Trainer:
         from rewards.base import CompositeOutput
 
         c = self.cfg
-        loop = ClosedLoop(self.head, self.sampler, self.chain, c.env.num_env_steps)
+        loop = ClosedLoop(self.head, self.sampler, self.chain, c.env.num_env_steps, velocity_fn=self.model)
 
         def gens(env_step: int):
             return [rng.generator(c.seed, rng.STREAM_CHAIN, it, j // group, j % group, env_step) for j in samples]
@@ -338,9 +340,11 @@ class Trainer:
     def evaluate(self, seed: Optional[int] = None) -> Dict[str, float]:
         """Fixed evaluation: eval items x samples_per_item, deterministic sampler, eval seeds."""
         c = self.cfg
+        seed = c.eval.seed if seed is None else seed
+        if self.env is not None:
+            return self._evaluate_closed_loop(seed)
         if self.eval_reward is None:
             return {}
-        seed = c.eval.seed if seed is None else seed
         all_items = list(self.data.eval_items())[: c.eval.num_items]
         spi = c.eval.samples_per_item
         total = len(all_items) * spi
@@ -374,6 +378,25 @@ class Trainer:
                 vals += [v for v, ok in part[k * per_name:(k + 1) * per_name] if ok]
             metrics[name] = sum(vals) / len(vals) if vals else float("nan")
         return metrics
+
+    @torch.no_grad()
+    def _evaluate_closed_loop(self, seed: int) -> Dict[str, float]:
+        """Mean episode return on the eval items with the evaluation sampler."""
+        c = self.cfg
+        all_items = list(self.data.eval_items())[: c.eval.num_items]
+        spi = c.eval.samples_per_item
+        mine = list(range(self.rank, len(all_items) * spi, self.world))
+        times = time_grid(c.eval.num_steps or c.chain.num_steps, c.chain.shift)
+        loop = ClosedLoop(self.head, self.eval_sampler, self.chain, c.env.num_env_steps,
+                          velocity_fn=self.model, times=times)
+        ctx = self.ema.applied() if self.ema is not None else nullcontext()
+        with ctx:
+            res = loop.rollout(self.env, [all_items[j // spi] for j in mine],
+                               [rng.derive_seed(seed, rng.STREAM_EVAL, j) for j in mine],
+                               lambda e: [rng.generator(seed, rng.STREAM_EVAL, j, e) for j in mine])
+        ret = res.returns.float().reshape(len(mine), -1).mean(dim=1)
+        packed = self._all_sum(torch.tensor([float(ret.sum()), float(len(mine))], dtype=torch.float64)).cpu()
+        return {"return": float(packed[0] / packed[1].clamp(min=1))}
 
     # ------------------------------------------------------------------ run
     def _prepare_output_dir(self) -> Optional[str]:
@@ -454,6 +477,7 @@ class Trainer:
             if self.is_main:
                 ckpt.atomic_write_text(before_path, json.dumps(before, indent=2))
         if self.is_main:
+            print(f"[flowrl] {self.world} process(es) on {self.device}; iteration {self.iteration}/{c.max_steps}", flush=True)
             print(f"[flowrl] before: {json.dumps(_round(before))}", flush=True)
         bar = None
         if self.is_main and c.train.progress:
