@@ -211,8 +211,32 @@ def test_grpo_gradient_step_sign(adv):
     assert (after - before) * adv > 1e-6
 
 
+def test_grpo_per_agent_loss_masks_invalid_agents():
+    # x [1, A=2, 2] with event_ndim = 1 -> per-agent log-probs [1, 2]; agent 1 is invalid.
+    # At the old policy the per-agent PPO term is -A: (-1, -2) * valid (1, 0) = (-1, 0);
+    # one loss per unit = mean over agents = -.5 (an unmasked loss would be -1.5)
+    p = torch.tensor([0.2, -0.4])
+    sampler = FlowSDESampler.flow_grpo(0.7)
+    velocity = lambda x, t, c: p.expand_as(x)  # noqa: E731
+    x = torch.tensor([[[0.3, -0.7], [1.0, 0.5]]])
+    x_next = torch.tensor([[[0.2, -0.5], [0.8, 0.6]]])
+    t, t_next = torch.tensor([0.5]), torch.tensor([0.25])
+    old = sampler.step(velocity(x, t, {}), x, t, t_next, x_next=x_next, event_ndim=1)
+    assert old.log_prob.shape == (1, 2)
+    units = {"sample_idx": torch.tensor([0]), "x": x, "x_next": x_next, "t": t, "t_next": t_next,
+             "old_log_prob": old.log_prob, "adv": torch.tensor([[1.0, 2.0]]),
+             "valid": torch.tensor([[1.0, 0.0]]), "step_weight": torch.tensor([0.5])}
+    algo = GRPO(GRPOConfig(group_size=2, kl_beta=0.0))
+    loss, m = algo.loss(units, {}, Policy(velocity=velocity, reference_velocity=velocity, sampler=sampler,
+                                          event_ndim=1))
+    # times the step weight .5 -> -.25
+    close(loss, [-0.25])
+    close(m["policy/ratio"], [1.0])
+
+
 def test_grpo_compute_advantages_and_units_mask():
-    # rewards: group 0 {1, 3} -> -1, 1; group 1 {2, 2} -> 0, 0 (zero std); adv_clip_max = .5 clips
+    # rewards: group 0 {1, 3} -> -1, 1, clipped to +-.5 by adv_clip_max; group 1 {2, 2 (invalid)}: one
+    # valid member -> 0, 0
     states = torch.zeros(4, K + 1, 2)
     traj = Trajectory(states=states, times=time_grid(K).expand(4, -1), cond={},
                       group_ids=torch.tensor([0, 0, 1, 1]), sample_ids=torch.arange(4),
