@@ -13,6 +13,7 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
+os.chdir(ROOT)  # configs/ paths in tests are relative to the repository root
 
 
 @pytest.fixture(autouse=True)
