@@ -120,26 +120,42 @@ def cmd_sample(args) -> int:
     return 0
 
 
+def _parse(argv: List[str]) -> argparse.Namespace:
+    """COMMAND [CONFIG] [key=value ...] [--list KIND]; raises UserError on misuse."""
+    if not argv:
+        raise UserError("missing command; use train, eval, sample or validate (flowrl --help shows usage)")
+    command, rest = argv[0], list(argv[1:])
+    if command not in ("train", "eval", "sample", "validate"):
+        raise UserError(f"unknown command '{command}'; use train, eval, sample or validate")
+    kind = None
+    if "--list" in rest:
+        i = rest.index("--list")
+        if i + 1 >= len(rest):
+            raise UserError("--list: name a kind: heads, algorithms, rewards, data or envs")
+        kind = rest[i + 1]
+        del rest[i:i + 2]
+    config = rest.pop(0) if rest and "=" not in rest[0] else None
+    stray = [r for r in rest if "=" not in r]
+    if stray:
+        raise UserError(f"{stray[0]}: overrides are key=value (for example max_steps=10)")
+    if command != "validate" and not config:
+        raise UserError(f"{command} needs a CONFIG path (see configs/)")
+    return argparse.Namespace(command=command, config=config, overrides=rest, list=kind)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="flowrl", usage=USAGE, add_help=True)
-    parser.add_argument("command", choices=["train", "eval", "sample", "validate"])
-    parser.add_argument("config", nargs="?")
-    parser.add_argument("overrides", nargs="*")
-    parser.add_argument("--list", default=None)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-    if args.command != "validate" and not args.config:
-        print(f"flowrl: error: {args.command} needs a CONFIG path (see configs/)", file=sys.stderr)
-        return 2
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
     from flowrl.registry import ConfigError
 
     handlers = {"train": cmd_train, "eval": cmd_eval, "sample": cmd_sample, "validate": cmd_validate}
     try:
+        args = _parse(argv)
         return handlers[args.command](args)
     except (ConfigError, UserError) as e:
-        print(f"flowrl: error: {e}", file=sys.stderr)
+        print(f"flowrl: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     except FileNotFoundError as e:
         msg = str(e).splitlines()[0] if str(e) else "a required file is missing"
