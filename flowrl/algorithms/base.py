@@ -56,6 +56,7 @@ class Algorithm:
     needs_log_prob: bool = False      # rollout must record per-step log-probs
     record_velocity: bool = False     # rollout must record v_old at every state
     offline: bool = False             # trains from a dataset instead of rollouts
+    draws_noise: bool = False         # loss needs per-unit generators (noise / time sampling)
     stochastic_sampler: Optional[bool] = None  # True: needs std > 0; False: needs an ODE-like sampler
 
     def __init__(self, config: AlgorithmConfig):

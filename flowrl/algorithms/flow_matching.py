@@ -54,6 +54,7 @@ def weighted_regression(per_sample: Tensor, weights: Tensor) -> Tensor:
 
 class FlowMatching(Algorithm):
     offline = True
+    draws_noise = True
 
     config: FlowMatchingConfig
 

@@ -81,3 +81,47 @@ class Head(nn.Module):
     # --- distributed wrappers call forward ------------------------------------------
     def forward(self, x: Tensor, t: Tensor, cond: Dict[str, Tensor]) -> Tensor:  # noqa: D401
         return self.velocity(x, t, cond)
+
+
+def check_head_contract(head: Head, items: Sequence[Any], tmp_dir: Optional[str] = None) -> None:
+    """Assert the Head contract on ``items``; every head's tests call this (shared suite).
+
+    Checks: encode gives [B, ...] tensors without grad; init_noise is per-sample
+    deterministic (sample i depends only on generator i); velocity keeps x's shape and is
+    differentiable w.r.t. the trainable parameters; reference_velocity (if any) carries no
+    grad and equals velocity before training; train/eval mode is eval; save_pretrained
+    writes something when a folder is given.
+    """
+    import os
+
+    b = len(items)
+    assert not head.training, "heads must be in eval mode (dropout off); call .eval()"
+    cond = head.encode(items)
+    assert isinstance(cond, dict) and cond, "encode must return a non-empty dict of tensors"
+    for k, v in cond.items():
+        assert isinstance(v, torch.Tensor) and v.shape[0] == b, f"cond[{k!r}] must be a [B, ...] tensor"
+        assert not v.requires_grad, f"cond[{k!r}] must carry no grad"
+    gens = [torch.Generator().manual_seed(100 + i) for i in range(b)]
+    x = head.init_noise(cond, gens)
+    assert x.shape[0] == b
+    solo = head.init_noise({k: v[1:2] for k, v in cond.items()}, [torch.Generator().manual_seed(101)])
+    assert torch.equal(solo[0], x[1]), "init_noise of sample i must depend only on generator i"
+    t = torch.full((b,), 0.5)
+    v = head.velocity(x, t, cond)
+    assert v.shape == x.shape, "velocity must keep x's shape"
+    params = head.trainable_parameters()
+    assert params, "a head must expose trainable parameters"
+    v.float().pow(2).mean().backward()
+    assert any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in params), "velocity must be differentiable"
+    for p in params:
+        p.grad = None
+    try:
+        ref = head.reference_velocity(x, t, cond)
+    except NotImplementedError:
+        ref = None
+    if ref is not None:
+        assert not ref.requires_grad, "reference_velocity must carry no grad"
+        assert torch.allclose(ref, v.detach(), atol=1e-5), "before training the reference equals the policy"
+    if tmp_dir is not None:
+        head.save_pretrained(tmp_dir)
+        assert os.listdir(tmp_dir), "save_pretrained wrote nothing"

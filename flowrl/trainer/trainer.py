@@ -251,7 +251,7 @@ class Trainer:
                 mb = {k: v[idx].to(self.device) for k, v in units.items()}
                 cmb = {k: v[mb["sample_idx"]].to(self.device) for k, v in cond.items()} if cond is not None else {}
                 ids = unit_ids[idx] if unit_ids is not None else idx
-                gens = rng.generators(gen_base, ids.tolist())
+                gens = rng.generators(gen_base, ids.tolist()) if self.algorithm.draws_noise else None
                 per_unit, metrics = self.algorithm.loss(mb, cmb, self.policy, gens)
                 scale = 0.0 if empty else float(self.world)
                 loss = per_unit.sum() / denom * scale
@@ -408,6 +408,9 @@ class Trainer:
         root = os.path.join(out, "checkpoints")
         resume_from = ckpt.latest_checkpoint(root) if c.resume else None
         has_run = os.path.isdir(out) and any(os.path.exists(os.path.join(out, f)) for f in RUN_FILES)
+        if has_run and c.resume and resume_from is None and not c.overwrite:
+            raise ConfigError(f"resume: {out} holds no complete checkpoint to resume from; "
+                              f"set overwrite=true to start over there, or choose another output_dir")
         if has_run and resume_from is None and not c.overwrite:
             raise ConfigError(f"output_dir: {out} already holds a run; set resume=true to continue it, "
                               f"overwrite=true to replace it, or choose another output_dir")
