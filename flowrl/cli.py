@@ -100,22 +100,15 @@ def cmd_eval(args) -> int:
 
 
 def cmd_sample(args) -> int:
-    import torch
     from safetensors.torch import save_file
 
-    from flowrl import rng
-    from flowrl.mdp import time_grid
-
+    seed, args.overrides = _pop(args.overrides, "seed")
     cfg, trainer = _trainer(args, for_eval=True)
-    items = list(trainer.data.eval_items())[: cfg.eval.num_items]
-    n = len(items) * cfg.eval.samples_per_item
-    gi = [rng.generator(cfg.eval.seed, rng.STREAM_EVAL, j, 0) for j in range(n)]
-    gc = [rng.generator(cfg.eval.seed, rng.STREAM_EVAL, j, 1) for j in range(n)]
-    batch = [items[j // cfg.eval.samples_per_item] for j in range(n)]
-    res = trainer._rollout(batch, gi, gc, trainer.eval_sampler, time_grid(cfg.eval.num_steps or cfg.chain.num_steps, cfg.chain.shift))
+    items, final = trainer.sample(seed=int(seed) if seed is not None else None)
+    n = len(items)
     os.makedirs(cfg.output_dir, exist_ok=True)
     path = os.path.join(cfg.output_dir, "samples.safetensors")
-    save_file({"final": res["states"][:, -1].contiguous().cpu()}, path)
+    save_file({"final": final.contiguous().cpu()}, path)
     print(f"wrote {n} samples to {path}")
     return 0
 

@@ -283,9 +283,17 @@ class ToyReachEnv:
 ENVIRONMENTS.register("toy_reach", ToyReachConfig, help="2-D point reaching (closed-loop tests)")(ToyReachEnv)
 
 
+def assert_close(a, b, atol: float = 1e-6) -> None:
+    """Assert two tensors/numbers are equal in shape and within ``atol`` (float64 compare)."""
+    a = torch.as_tensor(a, dtype=torch.float64)
+    b = torch.as_tensor(b, dtype=torch.float64)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    assert torch.allclose(a, b, atol=atol, rtol=0), f"\n got {a}\nwant {b}"
+
+
 def mode_fraction(x: Tensor) -> float:
     return float((x[:, 0] > 0).float().mean())
 
 
 __all__ = ["ToyHead", "ToyHeadConfig", "VelocityMLP", "sample_mixture", "gaussian_velocity", "mode_fraction",
-           "ToyReachEnv"]
+           "ToyReachEnv", "assert_close"]

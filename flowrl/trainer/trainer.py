@@ -336,6 +336,35 @@ class Trainer:
         return [row]
 
     # ------------------------------------------------------------------ evaluation
+    def eval_plan(self, seed: int, all_ranks: bool = False):
+        """The fixed evaluation set: (sample indices, items, init generators, chain generators).
+
+        Sample j is item j // samples_per_item; its noise comes from (seed, j) only, so
+        ``flowrl eval`` and ``flowrl sample`` see the same samples on any number of processes.
+        """
+        c = self.cfg
+        all_items = list(self.data.eval_items())[: c.eval.num_items]
+        spi = c.eval.samples_per_item
+        total = len(all_items) * spi
+        mine = list(range(total)) if all_ranks else list(range(self.rank, total, self.world))
+        items = [all_items[j // spi] for j in mine]
+        init = [rng.generator(seed, rng.STREAM_EVAL, j // spi, j % spi, 0) for j in mine]
+        chain = [rng.generator(seed, rng.STREAM_EVAL, j // spi, j % spi, 1) for j in mine]
+        return mine, items, init, chain
+
+    def eval_times(self) -> Tensor:
+        c = self.cfg
+        return time_grid(c.eval.num_steps or c.chain.num_steps, c.chain.shift)
+
+    @torch.no_grad()
+    def sample(self, seed: Optional[int] = None) -> Tuple[List[Any], Tensor]:
+        """All evaluation samples on this process: (items, final states [N, ...])."""
+        _, items, init, chain = self.eval_plan(self.cfg.eval.seed if seed is None else seed, all_ranks=True)
+        ctx = self.ema.applied() if self.ema is not None else nullcontext()
+        with ctx:
+            res = self._rollout(items, init, chain, self.eval_sampler, self.eval_times())
+        return items, res["states"][:, -1]
+
     @torch.no_grad()
     def evaluate(self, seed: Optional[int] = None) -> Dict[str, float]:
         """Fixed evaluation: eval items x samples_per_item, deterministic sampler, eval seeds."""
@@ -345,39 +374,25 @@ class Trainer:
             return self._evaluate_closed_loop(seed)
         if self.eval_reward is None:
             return {}
-        all_items = list(self.data.eval_items())[: c.eval.num_items]
-        spi = c.eval.samples_per_item
-        total = len(all_items) * spi
-        mine = list(range(self.rank, total, self.world))
-        items = [all_items[j // spi] for j in mine]
-        steps = c.eval.num_steps or c.chain.num_steps
-        times = time_grid(steps, c.chain.shift)
-        init = [rng.generator(seed, rng.STREAM_EVAL, j // spi, j % spi, 0) for j in mine]
-        chain = [rng.generator(seed, rng.STREAM_EVAL, j // spi, j % spi, 1) for j in mine]
+        _, items, init, chain = self.eval_plan(seed)
+        times = self.eval_times()
+        names = self.eval_reward.names
+        sums = torch.zeros(2 * len(names), dtype=torch.float64)  # [score sums..., valid counts...]
         ctx = self.ema.applied() if self.ema is not None else nullcontext()
         with ctx:
             if items:
                 res = self._rollout(items, init, chain, self.eval_sampler, times)
                 outputs = self.head.decode(res["states"][:, -1], res["cond"])
                 scored = self.eval_reward(outputs, items)
-                rows = [(float(scored.per_reward[n][i].float().mean()), bool(scored.per_valid[n][i].all()))
-                        for n in self.eval_reward.names for i in range(len(items))]
+                for k, name in enumerate(names):
+                    ok = scored.per_valid[name].reshape(len(items), -1).all(dim=1)
+                    score = scored.per_reward[name].reshape(len(items), -1).double().mean(dim=1)
+                    sums[k], sums[len(names) + k] = score[ok].sum(), ok.sum()
                 if hasattr(self.head, "save_samples") and self.is_main:
                     self.head.save_samples(outputs, items, c.output_dir)
-            else:
-                rows = []
-        from accelerate.utils import gather_object
-
-        gathered = gather_object([rows]) if self.world > 1 else [rows]
-        metrics = {}
-        names = self.eval_reward.names
-        for k, name in enumerate(names):
-            vals = []
-            for part in gathered:
-                per_name = len(part) // max(len(names), 1)
-                vals += [v for v, ok in part[k * per_name:(k + 1) * per_name] if ok]
-            metrics[name] = sum(vals) / len(vals) if vals else float("nan")
-        return metrics
+        sums = self._all_sum(sums).cpu()
+        return {name: float(sums[k] / sums[len(names) + k]) if sums[len(names) + k] > 0 else float("nan")
+                for k, name in enumerate(names)}
 
     @torch.no_grad()
     def _evaluate_closed_loop(self, seed: int) -> Dict[str, float]:

@@ -116,3 +116,17 @@ def test_gradient_accumulation_and_bf16_autocast(tmp_path):
     # rollout and update run under the same autocast, so the first update is exactly on-policy
     first = runs["bf16"][0]
     assert first["policy/ratio"] == pytest.approx(1.0, abs=1e-6) and first["policy/clipfrac"] == 0.0
+
+
+def test_sample_and_eval_see_the_same_samples(tmp_path):
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    common = ["configs/toy/fdfo.yaml", "train.progress=false", "train.tensorboard=false"]
+    assert run_cli("train", *common, f"output_dir={out}", "max_steps=5").returncode == 0
+    res = run_cli("sample", *common, f"checkpoint={out / 'final'}", f"output_dir={tmp_path / 's'}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    final = load_file(str(tmp_path / "s" / "samples.safetensors"))["final"]
+    assert final.shape == (16 * 16, 2)
+    fraction = float((final[:, 0] > 0).float().mean())
+    assert fraction == pytest.approx(_report(out)["after"]["toy_mode_fraction"], abs=1e-9)

@@ -19,16 +19,14 @@ from flowrl.algorithms.flow_matching import FlowMatching, FlowMatchingConfig, we
 from flowrl.algorithms.grpo import GRPO, GRPOConfig, k3_kl, ppo_clip_loss, step_weights
 from flowrl.mdp import sample_chain, time_grid
 from flowrl.samplers import ChurnSampler, EulerSampler, FlowSDESampler
+from flowrl.testing import assert_close
 from flowrl.types import Trajectory
 
 torch.manual_seed(0)
 
 
 def close(a, b, atol=1e-5):
-    a = torch.as_tensor(a, dtype=torch.float64)
-    b = torch.as_tensor(b, dtype=torch.float64)
-    assert a.shape == b.shape, (a.shape, b.shape)
-    assert torch.allclose(a, b, atol=atol, rtol=0), f"\n got {a}\nwant {b}"
+    assert_close(a, b, atol)
 
 
 class LinearVelocity(nn.Module):

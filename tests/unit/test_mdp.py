@@ -7,16 +7,14 @@ import pytest
 from flowrl.mdp import ChainConfig, ClosedLoop, DenoisingChain, sample_chain, time_grid
 from flowrl.samplers import EulerSampler, FlowSDESampler
 from flowrl.testing import ToyHead, ToyHeadConfig, ToyReachConfig, ToyReachEnv
+from flowrl.testing import assert_close
 from flowrl.types import Trajectory
 
 torch.manual_seed(0)
 
 
 def close(a, b, atol=1e-6):
-    a = torch.as_tensor(a, dtype=torch.float64)
-    b = torch.as_tensor(b, dtype=torch.float64)
-    assert a.shape == b.shape, (a.shape, b.shape)
-    assert torch.allclose(a, b, atol=atol, rtol=0), f"\n got {a}\nwant {b}"
+    assert_close(a, b, atol)
 
 
 def gens(n, base=0):
