@@ -1,3 +1,4 @@
 """Import the built-in heads, rewards, data sources and environments (registration)."""
 import flowrl.algorithms  # noqa: F401
 import flowrl.testing  # noqa: F401
+import flowrl.heads.t2i  # noqa: F401

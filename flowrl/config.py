@@ -52,7 +52,7 @@ class TrainerConfig:
     batch_size: int = hfield(256, "offline: samples per optimizer step, global over processes")
     micro_batch_size: int = hfield(0, "units per forward/backward on one process (0 = whole share); gradient accumulation")
     rollout_batch_size: int = hfield(0, "samples per rollout forward on one process (0 = whole share)")
-    mixed_precision: str = hfield("no", "autocast precision: no, bf16 or fp16")
+    mixed_precision: str = hfield("fp32", "autocast precision: fp32 (off), bf16 or fp16")
     ema_decay: float = hfield(0.0, "EMA of trainable weights (0 = off); evaluation and final/ use the EMA")
     checkpoint_every: int = hfield(0, "iterations between checkpoints (0 = only at the end)")
     keep_checkpoints: int = hfield(2, "newest checkpoints kept (older ones are deleted)")
@@ -64,8 +64,8 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if self.prompts_per_step < 1 or self.batch_size < 1:
             raise ValueError("train.prompts_per_step and train.batch_size must be >= 1")
-        if self.mixed_precision not in ("no", "bf16", "fp16"):
-            raise ValueError("train.mixed_precision must be no, bf16 or fp16")
+        if self.mixed_precision not in ("fp32", "bf16", "fp16"):
+            raise ValueError("train.mixed_precision must be fp32, bf16 or fp16")
         if not 0 <= self.ema_decay < 1:
             raise ValueError("train.ema_decay must be in [0, 1)")
         for k in ("micro_batch_size", "rollout_batch_size", "checkpoint_every", "eval_every"):

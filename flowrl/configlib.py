@@ -80,6 +80,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a number, got {value!r}")
         return float(value)
     if tp is str:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a string, got {str(value).lower()} "
+                              f"(YAML reads yes/no/on/off as booleans; quote the value)")
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return value

@@ -25,7 +25,7 @@ from flowrl.types import Trajectory
 Tensor = torch.Tensor
 
 
-def time_grid(num_steps: int, shift: float = 1.0) -> Tensor:
+def time_grid(num_steps: int, shift: Optional[float] = 1.0) -> Tensor:
     """[K+1] decreasing times from 1 to 0.
 
     shift = 1 gives the uniform grid; shift > 1 gives SD3's shifted sigmas
@@ -34,7 +34,7 @@ def time_grid(num_steps: int, shift: float = 1.0) -> Tensor:
     if num_steps < 1:
         raise ValueError("chain.num_steps must be >= 1")
     t = torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)
-    if shift != 1.0:
+    if shift is not None and shift != 1.0:
         t = shift * t / (1 + (shift - 1) * t)
     return t.float()
 
@@ -44,7 +44,8 @@ class ChainConfig:
     """How a chain is discretised and which of its steps are trained."""
 
     num_steps: int = hfield(10, "denoising steps K of a training rollout (Flow-GRPO trains with 10)")
-    shift: float = hfield(1.0, "SD3-style time shift (1 = uniform grid; SD3.5 uses 3.0)")
+    shift: Optional[float] = hfield(None, "time shift t' = s t / (1 + (s - 1) t) (1 = uniform); null = the head's own "
+                                          "scheduler grid (SD3/FLUX/DDIM) or uniform for heads without one")
     train_window_start: int = hfield(0, "first trainable step index (MixGRPO window start)")
     train_window_size: int = hfield(0, "number of trainable steps from the start (0 = all steps)")
     window_slide_every: int = hfield(0, "slide the window by one step every N iterations (MixGRPO; 0 = fixed)")
@@ -69,9 +70,15 @@ class DenoisingChain:
     torch.Size([5])
     """
 
-    def __init__(self, config: ChainConfig):
+    def __init__(self, config: ChainConfig, times: Optional[Tensor] = None):
+        """``times``: a [K+1] grid from the head's scheduler, used when ``config.shift`` is null."""
         self.config = config
-        self.times = time_grid(config.num_steps, config.shift)
+        if times is not None and config.shift is None:
+            if times.shape != (config.num_steps + 1,):
+                raise ValueError(f"the head's time grid has {times.shape[0]} points, expected {config.num_steps + 1}")
+            self.times = times.float()
+        else:
+            self.times = time_grid(config.num_steps, config.shift)
 
     @property
     def num_steps(self) -> int:

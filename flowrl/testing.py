@@ -182,6 +182,23 @@ REWARDS.register("toy_mode", ToyModeConfig, help="smooth toy reward for the favo
 REWARDS.register("toy_mode_fraction", ToyModeFractionConfig, help="share of samples in the favoured mode")(ToyModeFraction)
 
 
+@dataclass
+class BrightnessConfig(RewardConfig):
+    name: str = hfield("brightness", "reward name")
+    target: float = hfield(1.0, "target mean intensity in [0, 1]")
+
+
+class Brightness(Reward):
+    """Image reward for tests: -|mean pixel intensity - target| on [B, 3, H, W] in [0, 1]."""
+
+    def score(self, outputs, batch):
+        s = -(outputs.float().mean(dim=(1, 2, 3)) - self.config.target).abs()
+        return RewardOutput(s, torch.ones_like(s, dtype=torch.bool))
+
+
+REWARDS.register("brightness", BrightnessConfig, help="test image reward: closeness of mean intensity to a target")(Brightness)
+
+
 # --------------------------------------------------------------------------- data
 @dataclass
 class ToyPromptsConfig:

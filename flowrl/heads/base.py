@@ -57,6 +57,10 @@ class Head(nn.Module):
         """Final states -> what rewards consume (images, trajectories, actions)."""
         return x
 
+    def time_grid(self, num_steps: int) -> Optional[Tensor]:
+        """[K+1] times (1 -> end) of the model's own scheduler, or None for a uniform grid."""
+        return None
+
     def trainable_parameters(self) -> List[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 

@@ -67,7 +67,8 @@ class Trainer:
 
         self.cfg = config
         c = config
-        self.accelerator = Accelerator(mixed_precision=c.train.mixed_precision, cpu=c.train.cpu)
+        precision = "no" if c.train.mixed_precision == "fp32" else c.train.mixed_precision
+        self.accelerator = Accelerator(mixed_precision=precision, cpu=c.train.cpu)
         expected = int(os.environ.get("WORLD_SIZE", "1"))
         if self.accelerator.num_processes != expected:
             raise RuntimeError(f"launched {expected} processes but accelerate formed a group of "
@@ -85,7 +86,7 @@ class Trainer:
         if self.sampler.prediction != self.head.prediction:
             raise ConfigError(f"sampler.name: {c.sampler.name} expects {self.sampler.prediction} predictions but head "
                               f"{c.head.name} predicts {self.head.prediction}; pick a matching sampler")
-        self.chain = DenoisingChain(c.chain)
+        self.chain = DenoisingChain(c.chain, times=self.head.time_grid(c.chain.num_steps))
         self.data = DATASETS.get(c.data.name).builder(c.data)
         if self.algorithm.offline and not isinstance(self.data, OfflineDataset):
             raise ConfigError(f"data.name: {c.algorithm.name} trains offline; choose a dataset source, not {c.data.name}")
@@ -354,7 +355,9 @@ class Trainer:
 
     def eval_times(self) -> Tensor:
         c = self.cfg
-        return time_grid(c.eval.num_steps or c.chain.num_steps, c.chain.shift)
+        steps = c.eval.num_steps or c.chain.num_steps
+        head_grid = self.head.time_grid(steps) if c.chain.shift is None else None
+        return head_grid.float() if head_grid is not None else time_grid(steps, c.chain.shift)
 
     @torch.no_grad()
     def sample(self, seed: Optional[int] = None) -> Tuple[List[Any], Tensor]:
@@ -389,7 +392,7 @@ class Trainer:
                     score = scored.per_reward[name].reshape(len(items), -1).double().mean(dim=1)
                     sums[k], sums[len(names) + k] = score[ok].sum(), ok.sum()
                 if hasattr(self.head, "save_samples") and self.is_main:
-                    self.head.save_samples(outputs, items, c.output_dir)
+                    self.head.save_samples(outputs, items, c.output_dir, f"step-{self.iteration:06d}")
         sums = self._all_sum(sums).cpu()
         return {name: float(sums[k] / sums[len(names) + k]) if sums[len(names) + k] > 0 else float("nan")
                 for k, name in enumerate(names)}
@@ -401,7 +404,7 @@ class Trainer:
         all_items = list(self.data.eval_items())[: c.eval.num_items]
         spi = c.eval.samples_per_item
         mine = list(range(self.rank, len(all_items) * spi, self.world))
-        times = time_grid(c.eval.num_steps or c.chain.num_steps, c.chain.shift)
+        times = self.eval_times()
         loop = ClosedLoop(self.head, self.eval_sampler, self.chain, c.env.num_env_steps,
                           velocity_fn=self.model, times=times)
         ctx = self.ema.applied() if self.ema is not None else nullcontext()

@@ -1,0 +1,259 @@
+"""The text-to-image head: one diffusers pipeline behind flowrl's Head contract.
+
+Shared here: loading with the pipeline's own ``from_pretrained`` (offline-aware), frozen
+VAE and text encoders in eval mode, LoRA through peft (or full fine-tuning), the
+reference policy as the same weights with the adapter disabled, prompt-embedding cache,
+classifier-free guidance identical at rollout and training time, VAE decoding, saving
+LoRA weights with the family's ``save_lora_weights`` and image grids.
+
+Each model family (``sd3.py``, ``flux.py``, ``sd.py``) implements a few hooks: how to
+encode prompts, the latent shape, one denoiser call in flowrl's time convention, the
+time grid of its scheduler, and decoding. Families are picked by ``head.family``.
+
+State x: the family's latents as float32 ([B, C, h, w], or packed [B, N, D] for FLUX).
+Outputs of ``decode``: float32 images [B, 3, H, W] in [0, 1] on the CPU.
+"""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+import torch
+from torch import nn
+
+from flowrl._fields import hfield
+from flowrl.heads.base import Head
+from flowrl.registry import ConfigError
+from flowrl.samplers.guidance import guided_velocity
+from rewards.images import prompts_of
+
+Tensor = torch.Tensor
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class T2IHeadConfig:
+    """A diffusers text-to-image pipeline as a flowrl head (defaults: FDFO/Flow-GRPO LoRA recipe)."""
+
+    name: str = hfield("t2i", "head name")
+    family: str = hfield("sd3", "model family: sd3 (SD3/SD3.5), flux (FLUX.1) or sd (SD1.5-style UNet)")
+    path: str = hfield("", "hub id or local folder of the diffusers pipeline")
+    dtype: str = hfield("float32", "weights dtype: float32, bfloat16 or float16")
+    resolution: int = hfield(512, "image height and width in pixels")
+    guidance_scale: float = hfield(4.5, "CFG scale used at rollout AND training (sd3/sd; 1 = no CFG); FLUX: guidance embedding value")
+    negative_prompt: str = hfield("", "negative prompt for CFG")
+    max_sequence_length: int = hfield(256, "T5 tokens per prompt (sd3, flux)")
+    lora_rank: int = hfield(32, "LoRA rank r (0 = full fine-tuning of the denoiser)")
+    lora_alpha: float = hfield(64.0, "LoRA alpha (FDFO / Flow-GRPO: 64 with r = 32)")
+    lora_targets: List[str] = hfield(default_factory=list, help="LoRA target module names (empty = the family's attention projections)")
+    gradient_checkpointing: bool = hfield(False, "recompute activations in the backward pass (less memory, ~30% slower)")
+    decode_batch_size: int = hfield(8, "images decoded by the VAE at once")
+    prompt_cache_size: int = hfield(4096, "prompt embeddings kept in memory (oldest evicted)")
+
+    def __post_init__(self) -> None:
+        from flowrl.heads.t2i import FAMILIES
+
+        if self.family not in FAMILIES:
+            raise ValueError(f"head.family must be one of {sorted(FAMILIES)}")
+        if not self.path:
+            raise ValueError("head.path: set the pipeline's hub id or local folder")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"head.dtype must be one of {sorted(DTYPES)}")
+        if self.resolution < 8 or self.resolution % 8:
+            raise ValueError("head.resolution must be a positive multiple of 8")
+        if self.lora_rank < 0 or self.lora_alpha <= 0:
+            raise ValueError("head.lora_rank must be >= 0 and head.lora_alpha > 0")
+        if self.guidance_scale < 0 or self.decode_batch_size < 1 or self.prompt_cache_size < 1:
+            raise ValueError("head.guidance_scale must be >= 0; head.decode_batch_size and head.prompt_cache_size >= 1")
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+class T2IHead(Head):
+    """Base class; a family subclass sets the class attributes and implements the hooks."""
+
+    pipeline_class: str = ""          # diffusers class name
+    denoiser_name: str = "transformer"  # pipeline attribute of the trained network
+    default_targets: Sequence[str] = ("to_q", "to_k", "to_v", "to_out.0")
+    uses_cfg: bool = True             # False: guidance goes into the model (FLUX)
+
+    def __init__(self, config: T2IHeadConfig):
+        super().__init__()
+        self.config = config
+        self.dtype = DTYPES[config.dtype]
+        self.pipe = self._load_pipeline()
+        self.denoiser = getattr(self.pipe, self.denoiser_name)
+        frozen = {k: v for k, v in self.pipe.components.items() if isinstance(v, nn.Module) and k != self.denoiser_name}
+        self.frozen = nn.ModuleDict(frozen)
+        self.frozen.requires_grad_(False)
+        self.lora_config = None
+        if config.lora_rank > 0:
+            from peft import LoraConfig
+
+            self.denoiser.requires_grad_(False)
+            self.lora_config = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
+                                          target_modules=list(config.lora_targets or self.default_targets),
+                                          init_lora_weights=True)
+            try:
+                self.denoiser.add_adapter(self.lora_config)
+            except ValueError as e:
+                raise ConfigError(f"head.lora_targets: {str(e).splitlines()[0]}") from None
+            for p in self.denoiser.parameters():  # train adapters in float32 even on bf16 weights
+                if p.requires_grad:
+                    p.data = p.data.float()
+        else:
+            self.denoiser.requires_grad_(True)
+        if config.gradient_checkpointing:
+            self.denoiser.enable_gradient_checkpointing()
+        self._cache: "OrderedDict[Optional[str], Dict[str, Tensor]]" = OrderedDict()
+        self.eval()
+
+    # ------------------------------------------------------------------ loading
+    def _load_pipeline(self):
+        import diffusers
+
+        c = self.config
+        if not os.path.isdir(c.path) and c.path.startswith((".", "/", "~")):
+            raise FileNotFoundError(f"head.path: folder {c.path} not found; pass a diffusers pipeline folder or a hub id")
+        cls = getattr(diffusers, self.pipeline_class)
+        try:
+            with warnings.catch_warnings():  # newer diffusers renamed torch_dtype; both load the same
+                warnings.filterwarnings("ignore", message=".*torch_dtype.*", category=FutureWarning)
+                pipe = cls.from_pretrained(c.path, torch_dtype=self.dtype, local_files_only=hub_offline(),
+                                           **self.load_kwargs())
+        except (OSError, ValueError) as e:
+            hint = " (HF_HUB_OFFLINE is set: only local folders and already cached hub ids load)" if hub_offline() else ""
+            raise ConfigError(f"head.path: cannot load a {self.pipeline_class} from {c.path}{hint}: "
+                              f"{str(e).splitlines()[0][:200]}") from None
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def load_kwargs(self) -> Dict[str, Any]:
+        return {}
+
+    # ------------------------------------------------------------------ family hooks
+    def encode_prompts(self, prompts: List[str]) -> Dict[str, Tensor]:
+        """Embeddings of each prompt: dict of [n, ...] tensors (no CFG doubling)."""
+        raise NotImplementedError
+
+    def latent_shape(self) -> Sequence[int]:
+        """Shape of one sample's latents (without the batch dim)."""
+        raise NotImplementedError
+
+    def denoise(self, x: Tensor, t: Tensor, cond: Dict[str, Tensor]) -> Tensor:
+        """One denoiser call in flowrl's convention: x [B, ...] model dtype, t [B] in [0, 1]."""
+        raise NotImplementedError
+
+    def decode_latents(self, x: Tensor) -> Tensor:
+        """Latents [b, ...] -> images [b, 3, H, W] in [-1, 1] (the VAE's output)."""
+        raise NotImplementedError
+
+    def time_grid(self, num_steps: int) -> Optional[Tensor]:
+        """[K+1] times of the pipeline's own scheduler (shift, dynamic shift), from 1 to 0."""
+        return None
+
+    # ------------------------------------------------------------------ Head contract
+    @property
+    def device(self) -> torch.device:
+        return next(self.denoiser.parameters()).device
+
+    @torch.no_grad()
+    def encode(self, batch: Sequence[Any]) -> Dict[str, Tensor]:
+        """{key: [B, ...]} positive embeddings, plus ``neg_<key>`` when CFG is on."""
+        prompts = prompts_of(batch)
+        missing = list(dict.fromkeys(p for p in prompts if p not in self._cache))
+        if missing:
+            enc = self.encode_prompts(missing)
+            for i, p in enumerate(missing):
+                self._remember(p, {k: v[i].cpu() for k, v in enc.items()})
+        rows = [self._cache[p] for p in prompts]
+        cond = {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
+        if self.uses_cfg and self.config.guidance_scale > 1:
+            if None not in self._cache:
+                enc = self.encode_prompts([self.config.negative_prompt])
+                self._remember(None, {k: v[0].cpu() for k, v in enc.items()})
+            neg = self._cache[None]
+            cond.update({f"neg_{k}": v.unsqueeze(0).expand(len(prompts), *v.shape).contiguous() for k, v in neg.items()})
+        return cond
+
+    def _remember(self, key: Optional[str], value: Dict[str, Tensor]) -> None:
+        self._cache[key] = value
+        while len(self._cache) > self.config.prompt_cache_size:
+            oldest = next(k for k in self._cache if k is not None)
+            del self._cache[oldest]
+
+    def init_noise(self, cond: Dict[str, Tensor], generators: Sequence[torch.Generator]) -> Tensor:
+        shape = tuple(self.latent_shape())
+        return torch.stack([torch.randn(shape, generator=g, device=g.device, dtype=torch.float32) for g in generators])
+
+    def velocity(self, x: Tensor, t: Tensor, cond: Dict[str, Tensor]) -> Tensor:
+        pos = {k: v for k, v in cond.items() if not k.startswith("neg_")}
+        xm = x.to(self.dtype)
+
+        def call(xx, tt, cc):
+            return self.denoise(xx, tt, {k: v.to(xx.device) for k, v in cc.items()}).float()
+
+        if self.uses_cfg and self.config.guidance_scale > 1:
+            neg = {k[4:]: v for k, v in cond.items() if k.startswith("neg_")}
+            return guided_velocity(call, xm, t, pos, neg, self.config.guidance_scale)
+        return call(xm, t, pos)
+
+    @contextmanager
+    def adapters_disabled(self) -> Iterator[None]:
+        self.denoiser.disable_adapters()
+        try:
+            yield
+        finally:
+            self.denoiser.enable_adapters()
+
+    def reference_velocity(self, x, t, cond):
+        if self.lora_config is None:
+            raise NotImplementedError("full fine-tuning keeps no reference copy; set algorithm.kl_beta=0 or use LoRA")
+        with torch.no_grad(), self.adapters_disabled():
+            return self.velocity(x, t, cond)
+
+    @torch.no_grad()
+    def decode(self, x: Tensor, cond: Dict[str, Tensor]) -> Tensor:
+        out = []
+        for chunk in torch.split(x, self.config.decode_batch_size):
+            img = self.decode_latents(chunk.to(self.device, self.dtype))
+            out.append((img.float() / 2 + 0.5).clamp(0, 1).cpu())
+        return torch.cat(out)
+
+    # ------------------------------------------------------------------ saving
+    def lora_state_dict(self) -> Dict[str, Tensor]:
+        from peft.utils import get_peft_model_state_dict
+
+        return get_peft_model_state_dict(self.denoiser)
+
+    def save_pretrained(self, directory: str) -> None:
+        """LoRA: the family's ``save_lora_weights`` (plain diffusers ``load_lora_weights`` reads it);
+        full fine-tuning: the whole pipeline with ``save_pretrained``."""
+        os.makedirs(directory, exist_ok=True)
+        if self.lora_config is not None:
+            meta = self.lora_config.to_dict()
+            meta["target_modules"] = sorted(meta["target_modules"])
+            type(self.pipe).save_lora_weights(directory, **{
+                f"{self.denoiser_name}_lora_layers": self.lora_state_dict(),
+                f"{self.denoiser_name}_lora_adapter_metadata": meta})
+        else:
+            self.pipe.save_pretrained(directory)
+        with open(os.path.join(directory, "flowrl_head.json"), "w") as fh:
+            json.dump(asdict(self.config), fh, indent=2)
+
+    def save_samples(self, images: Tensor, items: Sequence[Any], output_dir: str, tag: str) -> str:
+        """Write an image grid PNG to ``output_dir/samples/<tag>.png``; returns its path."""
+        from torchvision.utils import save_image
+
+        path = os.path.join(output_dir, "samples", f"{tag}.png")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        nrow = max(1, int(len(images) ** 0.5))
+        save_image(images, path, nrow=nrow)
+        return path
