@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test venv bench bench-toy clean
+.PHONY: demo test venv bench bench-toy bench-t2i clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,10 +23,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
-bench: bench-toy
+bench: bench-toy bench-t2i
 
 bench-toy: $(STAMP)
-	FLOWRL_NUM_THREADS=1 $(BIN)/python tests/benchmarks/bench_toy.py
+	FLOWRL_NUM_THREADS=1 $(BIN)/python tests/benchmarks/bench_toy.py --out outputs/bench_toy.json
+
+bench-t2i: $(STAMP)
+	$(BIN)/python tests/benchmarks/bench_t2i.py --out outputs/bench_t2i.json
 
 clean:
 	rm -rf outputs

@@ -36,6 +36,12 @@ def stat(xs: list[float]) -> str:
 
 
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="outputs/bench_toy.json")
+    args = ap.parse_args()
+    results = {}
     print(f"{'config':<18} {'metric':<18} {'before':>16} {'after':>16} {'seconds':>14}")
     with tempfile.TemporaryDirectory() as tmp:
         for config in CONFIGS:
@@ -48,6 +54,10 @@ def main() -> None:
                 afters.append(report["after"][metric])
                 walls.append(wall)
             print(f"{config:<18} {metric:<18} {stat(befores):>16} {stat(afters):>16} {stat(walls):>14}", flush=True)
+            results[config] = {"metric": metric, "seeds": SEEDS, "before": befores, "after": afters, "seconds": walls}
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(results, fh, indent=2)
 
 
 if __name__ == "__main__":
