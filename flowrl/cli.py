@@ -91,7 +91,8 @@ def cmd_eval(args) -> int:
 
     seed, args.overrides = _pop(args.overrides, "seed")
     cfg, trainer = _trainer(args, for_eval=True)
-    metrics = trainer.evaluate(seed=int(seed) if seed is not None else None)
+    seed_value = int(seed) if seed is not None else cfg.eval.seed
+    metrics = trainer.evaluate(seed=seed_value, tag=f"eval-seed{seed_value}")
     if trainer.is_main:
         print(json.dumps(metrics, indent=2))
         os.makedirs(cfg.output_dir, exist_ok=True)

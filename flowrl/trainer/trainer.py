@@ -369,8 +369,10 @@ class Trainer:
         return items, res["states"][:, -1]
 
     @torch.no_grad()
-    def evaluate(self, seed: Optional[int] = None) -> Dict[str, float]:
-        """Fixed evaluation: eval items x samples_per_item, deterministic sampler, eval seeds."""
+    def evaluate(self, seed: Optional[int] = None, tag: Optional[str] = None) -> Dict[str, float]:
+        """Fixed evaluation: eval items x samples_per_item, deterministic sampler, eval seeds.
+
+        ``tag`` names the sample grid a head may write (default ``step-<iteration>``)."""
         c = self.cfg
         seed = c.eval.seed if seed is None else seed
         if self.env is not None:
@@ -392,7 +394,7 @@ class Trainer:
                     score = scored.per_reward[name].reshape(len(items), -1).double().mean(dim=1)
                     sums[k], sums[len(names) + k] = score[ok].sum(), ok.sum()
                 if hasattr(self.head, "save_samples") and self.is_main:
-                    self.head.save_samples(outputs, items, c.output_dir, f"step-{self.iteration:06d}")
+                    self.head.save_samples(outputs, items, c.output_dir, tag or f"step-{self.iteration:06d}")
         sums = self._all_sum(sums).cpu()
         return {name: float(sums[k] / sums[len(names) + k]) if sums[len(names) + k] > 0 else float("nan")
                 for k, name in enumerate(names)}
