@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test venv bench bench-toy bench-t2i clean
+.PHONY: demo test venv bench bench-toy bench-t2i bench-rewards clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,13 +23,16 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
-bench: bench-toy bench-t2i
+bench: bench-toy bench-t2i bench-rewards
 
 bench-toy: $(STAMP)
 	FLOWRL_NUM_THREADS=1 $(BIN)/python tests/benchmarks/bench_toy.py --out outputs/bench_toy.json
 
 bench-t2i: $(STAMP)
 	$(BIN)/python tests/benchmarks/bench_t2i.py --out outputs/bench_t2i.json
+
+bench-rewards: $(STAMP)
+	FLOWRL_NUM_THREADS=1 $(BIN)/python tests/benchmarks/bench_rewards.py --out outputs/bench_rewards.json
 
 clean:
 	rm -rf outputs

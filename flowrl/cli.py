@@ -143,6 +143,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(USAGE)
         return 0
     from flowrl.registry import ConfigError
+    from rewards import RewardFailure
 
     handlers = {"train": cmd_train, "eval": cmd_eval, "sample": cmd_sample, "validate": cmd_validate}
     try:
@@ -155,6 +156,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         msg = str(e).splitlines()[0] if str(e) else "a required file is missing"
         print(f"flowrl: error: {msg}", file=sys.stderr)
         return 2
+    except RewardFailure as e:  # a reward broke for whole batches: the run stops, it is not a config mistake
+        print(f"flowrl: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("flowrl: interrupted", file=sys.stderr)
         return 130

@@ -225,6 +225,7 @@ class Trainer:
             v = per_valid[name]
             metrics[f"reward/{name}"] = float(per[name][v].mean()) if bool(v.any()) else float("nan")
             metrics[f"reward/{name}_invalid_frac"] = float((~v).float().mean())
+        metrics.update({k: v for k, v in scored.metrics.items() if k.endswith("_failures")})
         tv = traj.valid.cpu()
         metrics["reward/total"] = float(traj.rewards.cpu()[tv].mean()) if bool(tv.any()) else float("nan")
         return traj, per, per_valid, metrics
