@@ -8,6 +8,8 @@ Measures, on a small random SD3 transformer (4 layers, 256 latent tokens, LoRA r
   train:   one Flow-GRPO loss forward + backward on a minibatch of transitions vs a bare
            transformer forward + backward (with CFG, MSE loss) on the same inputs;
   memory:  peak resident memory of each variant, each in its own process.
+Times are medians of A/B-interleaved repeats in one process, so load on the machine hits
+both sides alike.
 Prints a table and writes JSON. Not part of `make test`.
 """
 from __future__ import annotations
@@ -55,8 +57,8 @@ def setup(path: str):
     return head, cond, x0
 
 
-def run_mode(mode: str, path: str, repeats: int) -> dict:
-    torch.set_num_threads(1)
+def variants(path: str) -> dict:
+    """The four measured callables on one loaded head."""
     from flowrl.algorithms.base import Policy
     from flowrl.algorithms.grpo import GRPO, GRPOConfig
     from flowrl.mdp import sample_chain
@@ -104,37 +106,51 @@ def run_mode(mode: str, path: str, repeats: int) -> dict:
         for p in params:
             p.grad = None
 
-    fn = {"rollout_flowrl": rollout_flowrl, "rollout_bare": rollout_bare,
-          "train_flowrl": train_flowrl, "train_bare": train_bare}[mode]
-    fn()  # warm-up
-    times_s = []
+    return {"rollout_flowrl": rollout_flowrl, "rollout_bare": rollout_bare,
+            "train_flowrl": train_flowrl, "train_bare": train_bare}
+
+
+def time_interleaved(path: str, repeats: int) -> dict:
+    """Median seconds of each variant, run A/B interleaved so machine load hits all alike."""
+    torch.set_num_threads(1)
+    fns = variants(path)
+    for fn in fns.values():
+        fn()  # warm-up
+    samples = {k: [] for k in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times_s.append(time.perf_counter() - t0)
-    return {"median_s": statistics.median(times_s), "min_s": min(times_s),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[k].append(time.perf_counter() - t0)
+    return {k: {"median_s": statistics.median(v), "min_s": min(v)} for k, v in samples.items()}
+
+
+def peak_rss(mode: str, path: str) -> float:
+    """Peak resident MB of one variant run once in this (fresh) process."""
+    torch.set_num_threads(1)
+    variants(path)[mode]()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="outputs/bench_t2i.json")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--mode", default=None)
     ap.add_argument("--path", default=None)
     args = ap.parse_args()
-    if args.mode:  # child process
-        print(json.dumps(run_mode(args.mode, args.path, args.repeats)))
+    if args.mode:  # child process: peak memory of one variant
+        print(json.dumps({"peak_rss_mb": peak_rss(args.mode, args.path)}))
         return
-    results = {}
     with tempfile.TemporaryDirectory() as tmp:
         build(tmp)
-        for mode in ("rollout_flowrl", "rollout_bare", "train_flowrl", "train_bare"):
-            out = subprocess.run([sys.executable, __file__, "--mode", mode, "--path", tmp, "--repeats", str(args.repeats)],
+        results = time_interleaved(tmp, args.repeats)
+        for mode in results:
+            out = subprocess.run([sys.executable, __file__, "--mode", mode, "--path", tmp],
                                  capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
             if out.returncode != 0:
                 raise SystemExit(out.stderr[-2000:])
-            results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+            results[mode].update(json.loads(out.stdout.strip().splitlines()[-1]))
     ratios = {
         "rollout_time_ratio": results["rollout_flowrl"]["median_s"] / results["rollout_bare"]["median_s"],
         "train_time_ratio": results["train_flowrl"]["median_s"] / results["train_bare"]["median_s"],
