@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test venv bench bench-toy bench-t2i bench-rewards clean
+.PHONY: demo test venv bench bench-toy bench-t2i bench-rewards bench-remote clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,7 +23,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
-bench: bench-toy bench-t2i bench-rewards
+bench: bench-toy bench-t2i bench-rewards bench-remote
 
 bench-toy: $(STAMP)
 	FLOWRL_NUM_THREADS=1 $(BIN)/python tests/benchmarks/bench_toy.py --out outputs/bench_toy.json
@@ -33,6 +33,9 @@ bench-t2i: $(STAMP)
 
 bench-rewards: $(STAMP)
 	FLOWRL_NUM_THREADS=1 $(BIN)/python tests/benchmarks/bench_rewards.py --out outputs/bench_rewards.json
+
+bench-remote: $(STAMP)
+	$(BIN)/python tests/benchmarks/bench_remote.py --out outputs/bench_remote.json
 
 clean:
 	rm -rf outputs

@@ -15,7 +15,8 @@ USAGE = """flowrl train CONFIG [key=value ...]              train; writes output
 flowrl eval CONFIG [checkpoint=DIR] [key=value ...] evaluate a checkpoint (default: the starting model); writes output_dir/eval.json
 flowrl sample CONFIG [checkpoint=DIR] [key=value ...] sample the evaluation items; writes output_dir/samples.safetensors
 flowrl validate CONFIG [key=value ...]            check a config without running anything
-flowrl validate --list heads|algorithms|rewards|data|envs"""
+flowrl validate --list heads|algorithms|rewards|data|envs
+flowrl reward-serve CONFIG [--host H] [--port N] [--token-env VAR]  serve a config's rewards over HTTP"""
 
 
 class UserError(Exception):
@@ -142,6 +143,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
+    if argv and argv[0] == "reward-serve":  # `flowrl reward-serve ...` == `rewards serve ...`
+        from rewards.cli import main as rewards_main
+
+        return rewards_main(["serve", *argv[1:]])
     from flowrl.registry import ConfigError
     from rewards import RewardFailure
 

@@ -94,7 +94,8 @@ class Trainer:
             raise ConfigError(f"data.name: {c.algorithm.name} trains online; choose a prompt/scene source, not {c.data.name}")
         self.env = ENVIRONMENTS.get(c.env.name).builder(c.env) if c.env is not None else None
         self.reward = CompositeReward(c.rewards) if c.rewards else None
-        eval_cfgs = list(c.rewards) + [m for m in c.eval.metrics if m.name not in {r.name for r in c.rewards}]
+        label = lambda r: r.label or r.name  # noqa: E731
+        eval_cfgs = list(c.rewards) + [m for m in c.eval.metrics if label(m) not in {label(r) for r in c.rewards}]
         self.eval_reward = CompositeReward(eval_cfgs) if eval_cfgs else None
 
         self.head.to(self.device)
