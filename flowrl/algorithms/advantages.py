@@ -51,6 +51,14 @@ def group_normalize(
     return adv.float()
 
 
+def group_all(mask: Tensor, group_ids: Tensor) -> Tensor:
+    """Per-sample: True where every member of the sample's group is True. mask: [N] or [N, A]."""
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    g = int(inv.max()) + 1 if inv.numel() else 0
+    bad = torch.zeros((g,) + tuple(mask.shape[1:]), dtype=torch.float64).index_add_(0, inv, (~mask).double())
+    return bad[inv] == 0
+
+
 def zero_std_fraction(values: Tensor, group_ids: Tensor, valid: Optional[Tensor] = None, tol: float = 1e-6) -> float:
     """Fraction of groups whose valid rewards all coincide (no learning signal)."""
     _, std, _ = group_stats(values, group_ids, valid)

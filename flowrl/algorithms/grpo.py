@@ -21,7 +21,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from flowrl._fields import hfield
-from flowrl.algorithms.advantages import group_normalize, per_reward_normalize, zero_std_fraction
+from flowrl.algorithms.advantages import group_all, group_normalize, per_reward_normalize, zero_std_fraction
 from flowrl.algorithms.base import Algorithm, AlgorithmConfig, Policy, event_size, mean_over_event
 from flowrl.mdp import DenoisingChain
 from flowrl.registry import ALGORITHMS
@@ -47,6 +47,8 @@ class GRPOConfig(AlgorithmConfig):
     ratio_per_dim: bool = hfield(True, "divide log-probs by the event size (per-element ratio, Flow-GRPO)")
     shared_init_noise: bool = hfield(False, "all samples of a group start from the same noise (DanceGRPO option)")
     step_gamma: float = hfield(1.0, "per-denoising-step weight gamma^(K-1-k): 1 = uniform (VG-GRPO: 0.9)")
+    drop_invalid_groups: bool = hfield(False, "drop a whole group when any member's reward is invalid "
+                                              "(default: drop only the invalid samples; the rest keep their group stats)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -106,8 +108,12 @@ class GRPO(Algorithm):
             valid = traj.valid
             adv = group_normalize(traj.rewards, traj.group_ids, valid, std_eps=c.std_eps,
                                   global_std=c.global_std, clip=c.adv_clip_max)
+        if c.drop_invalid_groups:
+            valid = valid & group_all(valid, traj.group_ids)
+            adv = torch.where(valid, adv, torch.zeros_like(adv))
         metrics = {"adv/zero_std_frac": zero_std_fraction(traj.rewards, traj.group_ids, traj.valid),
-                   "adv/abs_mean": float(adv.abs().mean())}
+                   "adv/abs_mean": float(adv.abs().mean()),
+                   "adv/dropped_frac": float(1 - valid.float().mean())}
         return traj.replace(advantages=adv, weights=valid.float()), metrics
 
     def make_units(self, traj: Trajectory, steps: Tensor) -> Dict[str, Tensor]:

@@ -304,3 +304,21 @@ def test_vggrpo_relative_gate_follows_running_std():
     out4, m4 = fresh.compute_advantages(_traj(*BATCH2), {}, {}, {})
     assert m4["adv/gate_std1"] == pytest.approx(0.2, abs=1e-6)
     close(out4.advantages, [0, 0, -0.25, 0.25, -1, 1, 0, 0])
+
+
+def test_drop_invalid_groups_drops_whole_group():
+    from flowrl.algorithms.advantages import group_all
+    from flowrl.algorithms.grpo import GRPO, GRPOConfig
+
+    ids = torch.tensor([0, 0, 0, 1, 1, 1])
+    valid = torch.tensor([True, False, True, True, True, True])
+    assert group_all(valid, ids).tolist() == [False, False, False, True, True, True]
+    traj = Trajectory(states=torch.zeros(6, 2, 1), times=torch.zeros(6, 2), cond={}, group_ids=ids,
+                      sample_ids=torch.arange(6), rewards=torch.tensor([1.0, 5.0, 3.0, 1.0, 2.0, 3.0]), valid=valid)
+    keep_samples, _ = GRPO(GRPOConfig(group_size=3)).compute_advantages(traj, {}, {}, {})
+    drop_groups, metrics = GRPO(GRPOConfig(group_size=3, drop_invalid_groups=True)).compute_advantages(traj, {}, {}, {})
+    # default: group 0 keeps its two valid members, normalised by their own stats (mean 2, std 1)
+    assert keep_samples.weights.tolist() == [1, 0, 1, 1, 1, 1]
+    assert torch.allclose(keep_samples.advantages[:3], torch.tensor([-1.0, 0.0, 1.0]), atol=1e-3)
+    assert drop_groups.weights.tolist() == [0, 0, 0, 1, 1, 1]
+    assert drop_groups.advantages[:3].abs().sum() == 0 and metrics["adv/dropped_frac"] == 0.5
