@@ -55,25 +55,11 @@ def prompt_batch(n: int = 6) -> List[Any]:
 
 
 # --------------------------------------------------------------------------- tokenizer
-@lru_cache(maxsize=1)
-def _clip_bpe():
-    """(vocab token -> id, merges list) of the real CLIP BPE (open_clip's vocabulary file),
-    with transformers' special-token spelling."""
-    from open_clip.tokenizer import SimpleTokenizer
-
-    t = SimpleTokenizer()
-    rename = {"<start_of_text>": "<|startoftext|>", "<end_of_text>": "<|endoftext|>"}
-    vocab = {rename.get(tok, tok): int(i) for tok, i in t.encoder.items()}
-    merges = [" ".join(pair) for pair, _ in sorted(t.bpe_ranks.items(), key=lambda kv: kv[1])]
-    return vocab, merges
-
-
 def write_clip_tokenizer_files(folder: Path) -> None:
     """vocab.json + merges.txt (transformers CLIPTokenizer format) of the real CLIP BPE."""
-    vocab, merges = _clip_bpe()
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
-    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+    from flowrl.heads.t2i.tokenizers import build_clip_tokenizer
+
+    build_clip_tokenizer(str(folder))
 
 
 # --------------------------------------------------------------------------- transformers CLIP

@@ -16,11 +16,11 @@ from flowrl.trainer import Trainer  # noqa: E402
 RECIPES = sorted(glob.glob("configs/t2i/*.yaml"))
 
 
-def tiny_overrides(path, out):
+def tiny_overrides(path, out, rewards="[{name: brightness, target: 1.0}]"):
     return [
         f"head.path={path}", "head.resolution=32", "head.dtype=float32", "head.max_sequence_length=16",
         "head.lora_rank=4", "head.lora_alpha=8",
-        "rewards=[{name: brightness, target: 1.0}]",
+        f"rewards={rewards}",
         "data.train=null", "data.eval=null",
         "data.train_prompts=[a red circle, two blue squares, a green triangle, one yellow star]",
         "data.eval_prompts=[a purple hexagon, an orange square]",
@@ -29,6 +29,19 @@ def tiny_overrides(path, out):
         "train.checkpoint_every=0", "train.eval_every=0", "train.progress=false", "train.tensorboard=false",
         f"output_dir={out}",
     ]
+
+
+def tiny_rewards(rewards, tmp_path) -> str:
+    """The recipe's own rewards with the same weights, pointed at tiny local models."""
+    from flowrl.configlib import to_dict
+    from tests.contracts.reward_fixtures import fixtures
+
+    out = []
+    for r in rewards:
+        d = to_dict(fixtures()[r.name](tmp_path / f"reward_{r.name}").config)
+        d.update(weight=r.weight, device="cpu", dtype="float32")
+        out.append(d)
+    return json.dumps(out)
 
 
 def test_every_recipe_is_covered():
@@ -46,9 +59,10 @@ def test_recipe_validates_as_written(recipe):
 def test_recipe_trains_two_steps_on_tiny_models(recipe, tiny_pipelines, tmp_path):
     cfg = load_config(recipe)
     extra = [] if cfg.algorithm.name == "fdfo" else ["algorithm.group_size=4"]
-    cfg = load_config(recipe, tiny_overrides(tiny_pipelines[cfg.head.family], tmp_path / "run") + extra)
+    rewards = tiny_rewards(cfg.rewards, tmp_path)
+    cfg = load_config(recipe, tiny_overrides(tiny_pipelines[cfg.head.family], tmp_path / "run", rewards) + extra)
     report = Trainer(cfg).train()
-    assert set(report) == {"before", "after"} and "brightness" in report["after"]
+    assert set(report) == {"before", "after"} and set(report["after"]) == {r.label or r.name for r in cfg.rewards}
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows and rows[-1]["iteration"] == 2
