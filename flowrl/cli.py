@@ -104,14 +104,22 @@ def cmd_eval(args) -> int:
 def cmd_sample(args) -> int:
     from safetensors.torch import save_file
 
+    import torch
+
     seed, args.overrides = _pop(args.overrides, "seed")
     cfg, trainer = _trainer(args, for_eval=True)
-    items, final = trainer.sample(seed=int(seed) if seed is not None else None)
-    n = len(items)
+    seed_value = int(seed) if seed is not None else cfg.eval.seed
+    items, final = trainer.sample(seed=seed_value)
+    outputs = trainer.head.decode(final, trainer.head.encode(items))
     os.makedirs(cfg.output_dir, exist_ok=True)
     path = os.path.join(cfg.output_dir, "samples.safetensors")
-    save_file({"final": final.contiguous().cpu()}, path)
-    print(f"wrote {n} samples to {path}")
+    tensors = {"final": final.contiguous().cpu()}
+    if isinstance(outputs, torch.Tensor) and outputs is not final:
+        tensors["outputs"] = outputs.contiguous().cpu()  # decoded (images for t2i heads)
+    save_file(tensors, path)
+    print(f"wrote {len(items)} samples to {path}")
+    if hasattr(trainer.head, "save_samples"):
+        print(f"grid: {trainer.head.save_samples(outputs, items, cfg.output_dir, f'sample-seed{seed_value}')}")
     return 0
 
 

@@ -68,3 +68,16 @@ def test_prompt_sources(tmp_path):
         read_prompts(str(tmp_path / "missing.txt"), "data.train")
     with pytest.raises(ValueError, match="data.eval"):
         PromptsConfig(train_prompts=["x"])
+
+
+def test_sample_command_writes_images_and_a_grid(tiny_pipelines, tmp_path):
+    from safetensors.torch import load_file
+
+    from tests.conftest import run_cli
+
+    out = tmp_path / "s"
+    res = run_cli("sample", "configs/t2i/sd35m_flow_grpo.yaml", *tiny_overrides(tiny_pipelines["sd3"], out))
+    assert res.returncode == 0, res.stderr[-2000:]
+    saved = load_file(str(out / "samples.safetensors"))
+    assert saved["outputs"].shape == (4, 3, 32, 32) and saved["final"].shape == (4, 4, 32, 32)
+    assert (out / "samples" / "sample-seed1234.png").exists()
