@@ -381,7 +381,7 @@ class Trainer:
             return self._evaluate_closed_loop(seed)
         if self.eval_reward is None:
             return {}
-        _, items, init, chain = self.eval_plan(seed)
+        mine, items, init, chain = self.eval_plan(seed)
         times = self.eval_times()
         names = self.eval_reward.names
         sums = torch.zeros(2 * len(names), dtype=torch.float64)  # [score sums..., valid counts...]
@@ -395,11 +395,25 @@ class Trainer:
                     ok = scored.per_valid[name].reshape(len(items), -1).all(dim=1)
                     score = scored.per_reward[name].reshape(len(items), -1).double().mean(dim=1)
                     sums[k], sums[len(names) + k] = score[ok].sum(), ok.sum()
-                if hasattr(self.head, "save_samples") and self.is_main:
-                    self.head.save_samples(outputs, items, c.output_dir, tag or f"step-{self.iteration:06d}")
+        if hasattr(self.head, "save_samples"):
+            self._save_sample_grid(mine, items, outputs if items else None, tag or f"step-{self.iteration:06d}")
         sums = self._all_sum(sums).cpu()
         return {name: float(sums[k] / sums[len(names) + k]) if sums[len(names) + k] > 0 else float("nan")
                 for k, name in enumerate(names)}
+
+    def _save_sample_grid(self, mine: List[int], items: List[Any], outputs: Optional[Tensor], tag: str) -> None:
+        """Gather every rank's evaluation outputs in global order and let the head draw them."""
+        parts = [(mine, items, outputs.cpu() if outputs is not None else None)]
+        if self.world > 1:
+            from accelerate.utils import gather_object
+
+            parts = gather_object(parts)
+        if self.is_main:
+            rows = sorted(((j, it, out[i]) for idx, its, out in parts if out is not None
+                           for i, (j, it) in enumerate(zip(idx, its))), key=lambda r: r[0])
+            if rows:
+                self.head.save_samples(torch.stack([r[2] for r in rows]), [r[1] for r in rows],
+                                       self.cfg.output_dir, tag)
 
     @torch.no_grad()
     def _evaluate_closed_loop(self, seed: int) -> Dict[str, float]:
