@@ -111,11 +111,16 @@ class Trainer:
         else:
             self.model = self.head
         self.ema = EMA(self.named_trainable, c.train.ema_decay) if c.train.ema_decay > 0 else None
-        self.policy = Policy(velocity=self.model, reference_velocity=self.head.reference_velocity,
+        self.policy = Policy(velocity=self.model, reference_velocity=self._reference_velocity,
                              sampler=self.sampler, event_ndim=self.head.event_ndim, prediction=self.head.prediction)
         self.iteration = 0
         self.opt_step = 0
         self.is_main = self.accelerator.is_main_process
+
+    def _reference_velocity(self, x: Tensor, t: Tensor, cond: Dict[str, Tensor]) -> Tensor:
+        """The reference policy under the same autocast as the trained one (KL terms compare like with like)."""
+        with self.accelerator.autocast():
+            return self.head.reference_velocity(x, t, cond)
 
     # ------------------------------------------------------------------ utilities
     def _gather(self, x: Tensor) -> Tensor:
