@@ -498,7 +498,9 @@ class Trainer:
 
     def train(self) -> Dict[str, Any]:
         c = self.cfg
+        # every rank inspects output_dir before any rank writes to it, so all decide alike
         resume_from = self._prepare_output_dir()
+        self.accelerator.wait_for_everyone()
         out = c.output_dir
         if self.is_main:
             if not resume_from and c.overwrite and os.path.isdir(out):
