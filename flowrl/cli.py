@@ -84,6 +84,7 @@ def _trainer(args, for_eval: bool):
 def cmd_train(args) -> int:
     cfg, trainer = _trainer(args, for_eval=False)
     trainer.train()
+    trainer.close()
     return 0
 
 
@@ -98,6 +99,7 @@ def cmd_eval(args) -> int:
         print(json.dumps(metrics, indent=2))
         os.makedirs(cfg.output_dir, exist_ok=True)
         atomic_write_text(os.path.join(cfg.output_dir, "eval.json"), json.dumps(metrics, indent=2))
+    trainer.close()
     return 0
 
 
@@ -120,6 +122,7 @@ def cmd_sample(args) -> int:
     print(f"wrote {len(items)} samples to {path}")
     if hasattr(trainer.head, "save_samples"):
         print(f"grid: {trainer.head.save_samples(outputs, items, cfg.output_dir, f'sample-seed{seed_value}')}")
+    trainer.close()
     return 0
 
 

@@ -560,6 +560,12 @@ class Trainer:
             logger.close()
         return report
 
+    def close(self) -> None:
+        """End the run on every rank together: a last barrier, then the process group is
+        destroyed (left to interpreter exit, gloo's threads can abort a rank)."""
+        self.accelerator.wait_for_everyone()
+        self.accelerator.end_training()
+
     def load_for_eval(self, path: str) -> None:
         state = ckpt.read_checkpoint(path)
         weights = state["ema"] if state["ema"] is not None else state["trainable"]
