@@ -107,36 +107,8 @@ def _device_dtype(module: torch.nn.Module) -> Tuple[torch.device, torch.dtype]:
 
 
 # --------------------------------------------------------------------------- encoders
-class HFClip(torch.nn.Module):
-    """transformers CLIPModel with its tokenizer and image settings.
-
-    image_features: [B, 3, H, W] in [0, 1] -> [B, D]; text_features: B prompts -> [B, D]
-    (projected, not normalised).
-    """
-
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, spec: ImageSpec, max_length: int = 77):
-        super().__init__()
-        self.model, self.tokenizer, self.spec, self.max_length = model, tokenizer, spec, max_length
-
-    @property
-    def logit_scale(self) -> Tensor:
-        return self.model.logit_scale
-
-    def image_features(self, images: Tensor) -> Tensor:
-        device, dtype = _device_dtype(self.model)
-        pixels = preprocess(images.to(device=device, dtype=torch.float32), self.spec).to(dtype)
-        return _pooled(self.model.get_image_features(pixel_values=pixels))
-
-    def text_features(self, prompts: Sequence[str]) -> Tensor:
-        device, _ = _device_dtype(self.model)
-        tok = self.tokenizer(list(prompts), padding="max_length", max_length=self.max_length,
-                             truncation=True, return_tensors="pt")
-        return _pooled(self.model.get_text_features(input_ids=tok["input_ids"].to(device),
-                                                    attention_mask=tok["attention_mask"].to(device)))
-
-
-class OpenClip(torch.nn.Module):
-    """open_clip CLIP model with its tokenizer and image settings (same interface as HFClip)."""
+class _ClipEncoder(torch.nn.Module):
+    """Shared part of the two encoders: the model, its tokenizer, its image settings."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, spec: ImageSpec):
         super().__init__()
@@ -146,10 +118,39 @@ class OpenClip(torch.nn.Module):
     def logit_scale(self) -> Tensor:
         return self.model.logit_scale
 
-    def image_features(self, images: Tensor) -> Tensor:
+    def pixels(self, images: Tensor) -> Tensor:
+        """[B, 3, H, W] in [0, 1] -> the model's normalised input, on its device and dtype."""
         device, dtype = _device_dtype(self.model)
-        pixels = preprocess(images.to(device=device, dtype=torch.float32), self.spec).to(dtype)
-        return self.model.encode_image(pixels)
+        return preprocess(images.to(device=device, dtype=torch.float32), self.spec).to(dtype)
+
+
+class HFClip(_ClipEncoder):
+    """transformers CLIPModel with its tokenizer and image settings.
+
+    image_features: [B, 3, H, W] in [0, 1] -> [B, D]; text_features: B prompts -> [B, D]
+    (projected, not normalised).
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, spec: ImageSpec, max_length: int = 77):
+        super().__init__(model, tokenizer, spec)
+        self.max_length = max_length
+
+    def image_features(self, images: Tensor) -> Tensor:
+        return _pooled(self.model.get_image_features(pixel_values=self.pixels(images)))
+
+    def text_features(self, prompts: Sequence[str]) -> Tensor:
+        device, _ = _device_dtype(self.model)
+        tok = self.tokenizer(list(prompts), padding="max_length", max_length=self.max_length,
+                             truncation=True, return_tensors="pt")
+        return _pooled(self.model.get_text_features(input_ids=tok["input_ids"].to(device),
+                                                    attention_mask=tok["attention_mask"].to(device)))
+
+
+class OpenClip(_ClipEncoder):
+    """open_clip CLIP model with its tokenizer and image settings (same interface as HFClip)."""
+
+    def image_features(self, images: Tensor) -> Tensor:
+        return self.model.encode_image(self.pixels(images))
 
     def text_features(self, prompts: Sequence[str]) -> Tensor:
         device, _ = _device_dtype(self.model)
