@@ -58,6 +58,7 @@ class TrainerConfig:
     keep_checkpoints: int = hfield(2, "newest checkpoints kept (older ones are deleted)")
     eval_every: int = hfield(0, "iterations between evaluations during training (0 = before and after only)")
     progress: bool = hfield(True, "show a progress bar with reward and ETA")
+    curves: bool = hfield(True, "write curves.png (training reward and evaluation metrics vs iteration) at the end")
     tensorboard: bool = hfield(True, "also log to tensorboard (output_dir/tb)")
     cpu: bool = hfield(False, "force CPU even when a GPU is present")
 

@@ -36,6 +36,10 @@ class OfflineDataset:
     def eval_items(self) -> Sequence[Any]:
         raise NotImplementedError
 
+    # Optional: ``report(output_dir) -> dict`` writes the source's own diagnostics (for
+    # example per-sample weight statistics) at the end of a run; the trainer stores the
+    # returned dict under ``report.json["data"]``.
+
 
 def epoch_indices(seed: int, step: int, per_step: int, n: int) -> Tensor:
     """[per_step] dataset indices for ``step``: a fresh permutation every epoch.

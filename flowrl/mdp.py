@@ -176,7 +176,23 @@ def sample_chain(
 
 
 class Environment(Protocol):
-    """What the two-layer helper needs from a closed-loop environment (batched)."""
+    """What the two-layer helper needs from a closed-loop environment (batched).
+
+    Optional methods, used when present:
+
+    * ``score_candidates(state, actions, num_candidates) -> score`` or ``(score, valid)``:
+      per-state candidate groups (``ClosedLoop(candidates_per_state=G)``, SCORP's "G samples
+      per state, execute the best one, update on all G"). ``actions`` [B * G, ...] holds G
+      candidate actions per episode, candidate-major within an episode (rows b*G .. b*G+G-1
+      belong to episode b); the environment scores each from a copy of ``state`` without
+      advancing it. score / valid: [B * G] or [B * G, A].
+    * ``episode_metrics(state) -> {name: float}``: means over the episodes of ``state``
+      (evaluation reports them next to the return).
+    * ``save_rollouts(state, directory, tag) -> paths``: draw some evaluated episodes.
+
+    An environment config may set ``candidates_per_state`` (0 = groups of whole episodes)
+    next to the required ``num_env_steps``.
+    """
 
     def reset(self, batch: Sequence[Any], seeds: Sequence[int]) -> Any:
         """Start one episode per item; returns the environment state."""
@@ -190,12 +206,16 @@ class Environment(Protocol):
 
 @dataclass
 class ClosedLoopResult:
-    """rows: one chain per (episode, env step), flattened episode-major.
+    """rows: one chain per (episode, env step[, candidate]), flattened episode-major.
 
-    states [B*E, K+1, ...], times [B*E, K+1], log_probs [B*E, K(, A)], cond {k: [B*E, ...]},
-    episode [B*E] long (which episode a row belongs to), env_step [B*E] long,
-    alive [B*E] bool (False for chains planned after the episode ended),
-    returns [B] or [B, A] (sum of rewards over the episode).
+    states [R, K+1, ...], times [R, K+1], log_probs [R, K(, A)], cond {k: [R, ...]},
+    episode [R] long (which episode a row belongs to), env_step [R] long,
+    alive [R] bool (False for chains planned after the episode ended),
+    returns [B] or [B, A] (sum of the executed rewards over the episode).
+    R = B * E, or B * E * G with candidates (row order episode, env step, candidate), then
+    also candidate [R] long, scores [R] or [R, A] (each candidate's score) and
+    score_valid like scores (False where invalid or the episode had ended).
+    final_state: the environment state after the last step (for ``episode_metrics``).
     """
 
     states: Tensor
@@ -206,22 +226,43 @@ class ClosedLoopResult:
     env_step: Tensor
     alive: Tensor
     returns: Tensor
+    candidate: Optional[Tensor] = None
+    scores: Optional[Tensor] = None
+    score_valid: Optional[Tensor] = None
+    final_state: Any = None
+
+
+def _expand_like(mask: Tensor, like: Tensor) -> Tensor:
+    """[N] bool -> like's shape (broadcast over trailing dims)."""
+    return mask.view(-1, *([1] * (like.ndim - 1))).expand_as(like)
 
 
 class ClosedLoop:
     """Two-layer MDP: each outer environment step runs a whole inner denoising chain.
 
-    The inner chain's final state is the action chunk handed to ``env.step``. The
-    trainer treats each (episode, env step) chain as a sample whose reward is the
-    episode's return (SCORP / DPPO): per-step log-probs stay exact Gaussian ones.
+    The inner chain's final state is the action chunk handed to ``env.step``. Two ways to
+    form groups:
+
+    * ``candidates_per_state = 0``: the trainer treats each (episode, env step) chain as a
+      sample whose reward is the episode's return (DPPO-style; groups = episodes of the
+      same item);
+    * ``candidates_per_state = G`` (SCORP): at every env step G chains are sampled per
+      episode, ``env.score_candidates`` scores each from a copy of the state, the best one
+      (highest score, averaged over valid agents) is executed, and the G chains form one
+      group whose rewards are their scores.
+
+    Per-step log-probs stay exact Gaussian ones in both modes.
     """
 
     def __init__(self, head, sampler: Sampler, chain: DenoisingChain, num_env_steps: int,
                  velocity_fn: Optional[Callable[[Tensor, Tensor, Dict[str, Tensor]], Tensor]] = None,
-                 times: Optional[Tensor] = None):
+                 times: Optional[Tensor] = None, candidates_per_state: int = 0):
         self.head, self.sampler, self.chain, self.num_env_steps = head, sampler, chain, num_env_steps
         self.velocity_fn = velocity_fn or head.velocity
         self.times = chain.times if times is None else times
+        if candidates_per_state < 0 or candidates_per_state == 1:
+            raise ValueError("candidates_per_state must be 0 (episode groups) or >= 2")
+        self.candidates_per_state = candidates_per_state
 
     @torch.no_grad()
     def rollout(
@@ -231,33 +272,65 @@ class ClosedLoop:
         seeds: Sequence[int],
         make_generators: Callable[[int], Sequence[torch.Generator]],
     ) -> ClosedLoopResult:
-        """``make_generators(env_step)`` gives B generators for that step's chains."""
+        """``make_generators(env_step)`` gives the generators for that step's chains: B of
+        them, or B * G (candidate-major within an episode) with candidates."""
         state = env.reset(batch, seeds)
         b = len(batch)
+        g = self.candidates_per_state
+        reps = max(g, 1)
+        if g and not hasattr(env, "score_candidates"):
+            raise ValueError(f"{type(env).__name__} has no score_candidates(state, actions, num_candidates); "
+                             f"set the environment's candidates_per_state to 0")
         alive = torch.ones(b, dtype=torch.bool)
         returns = None
         rows: List[Dict[str, Any]] = []
         for e in range(self.num_env_steps):
             cond = self.head.encode(env.observe(state))
+            if g:
+                cond = {k: v.repeat_interleave(g, dim=0) for k, v in cond.items()}
             gens = make_generators(e)
+            if len(gens) != b * reps:
+                raise ValueError(f"make_generators gave {len(gens)} generators for {b * reps} chains")
             x0 = self.head.init_noise(cond, gens)
             res = sample_chain(self.velocity_fn, self.sampler, x0, cond, self.times, gens,
                                event_ndim=self.head.event_ndim)
             action = self.head.decode(res["states"][:, -1], cond)
+            row = {**res, "cond": cond, "alive": alive.repeat_interleave(reps)}
+            if g:
+                out = env.score_candidates(state, action, g)
+                score, valid = out if isinstance(out, tuple) else (out, torch.ones_like(out, dtype=torch.bool))
+                score, valid = score.cpu(), valid.cpu() & _expand_like(row["alive"], valid)
+                w = valid.float().reshape(b * g, -1)
+                mean = (score.float().reshape(b * g, -1) * w).sum(1) / w.sum(1).clamp(min=1)
+                mean = torch.where(w.sum(1) > 0, mean, torch.full_like(mean, -float("inf")))
+                pick = mean.view(b, g).argmax(dim=1)  # first best on ties
+                action = action.view(b, g, *action.shape[1:])[torch.arange(b), pick.to(action.device)]
+                row.update(score=score, score_valid=valid)
             state, reward, done = env.step(state, action)
+            reward = reward.cpu()
             mask = alive.view(-1, *([1] * (reward.ndim - 1))).to(reward.dtype)
             returns = reward * mask if returns is None else returns + reward * mask
-            rows.append({**res, "cond": cond, "alive": alive.clone()})
-            alive = alive & ~done.bool()
-        cat = lambda key: torch.stack([r[key] for r in rows], dim=1).flatten(0, 1)  # noqa: E731
+            rows.append(row)
+            alive = alive & ~done.bool().cpu()
+
+        def cat(key: str) -> Tensor:  # [B * reps] per step -> rows ordered (episode, step, candidate)
+            x = torch.stack([r[key].reshape(b, reps, *r[key].shape[1:]) for r in rows], dim=1)
+            return x.flatten(0, 2)
+
         has_lp = all(r["log_probs"] is not None for r in rows)
+        e_n = self.num_env_steps
         return ClosedLoopResult(
             states=cat("states"),
             times=cat("times"),
             log_probs=cat("log_probs") if has_lp else None,
-            cond={k: torch.stack([r["cond"][k] for r in rows], 1).flatten(0, 1) for k in rows[0]["cond"]},
-            episode=torch.arange(b).repeat_interleave(self.num_env_steps),
-            env_step=torch.arange(self.num_env_steps).repeat(b),
+            cond={k: torch.stack([r["cond"][k].reshape(b, reps, *r["cond"][k].shape[1:]) for r in rows], 1).flatten(0, 2)
+                  for k in rows[0]["cond"]},
+            episode=torch.arange(b).repeat_interleave(e_n * reps),
+            env_step=torch.arange(e_n).repeat_interleave(reps).repeat(b),
             alive=cat("alive"),
             returns=returns,
+            candidate=torch.arange(reps).repeat(b * e_n) if g else None,
+            scores=cat("score") if g else None,
+            score_valid=cat("score_valid") if g else None,
+            final_state=state,
         )

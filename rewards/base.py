@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import torch
@@ -230,13 +230,16 @@ def build_reward(config: RewardConfig) -> Reward:
 
 @dataclass
 class CompositeOutput:
-    """Aggregate of several rewards. total/valid: [B] or [B, A]; per_reward: name -> [B]."""
+    """Aggregate of several rewards. total/valid: [B] or [B, A]; per_reward: name -> [B];
+    groups: name -> B labels for the rewards that return ``info["groups"]`` (a label per
+    sample, e.g. a prompt's category) so evaluation can break scores down."""
 
     total: torch.Tensor
     valid: torch.Tensor
     per_reward: Dict[str, torch.Tensor]
     per_valid: Dict[str, torch.Tensor]
     metrics: Dict[str, float]
+    groups: Dict[str, List[str]] = field(default_factory=dict)
 
 
 class CompositeReward:
@@ -265,11 +268,13 @@ class CompositeReward:
         return [r.name for r in self.rewards]
 
     def __call__(self, outputs: Any, batch: Sequence[Any]) -> CompositeOutput:
-        per, per_valid, metrics = {}, {}, {}
+        per, per_valid, metrics, groups = {}, {}, {}, {}
         total, valid = None, None
         for r in self.rewards:
             out = r(outputs, batch)
             per[r.name], per_valid[r.name] = out.score, out.valid
+            if out.info.get("groups") is not None:
+                groups[r.name] = [str(g) for g in out.info["groups"]]
             v = out.valid
             metrics[f"reward/{r.name}"] = float(out.score[v].mean()) if bool(v.any()) else math.nan
             metrics[f"reward/{r.name}_invalid_frac"] = float((~v).float().mean()) if v.numel() else 0.0
@@ -281,4 +286,4 @@ class CompositeReward:
                 valid = v if valid is None else valid & v
         if valid is None:
             valid = torch.ones_like(total, dtype=torch.bool)
-        return CompositeOutput(total, valid, per, per_valid, metrics)
+        return CompositeOutput(total, valid, per, per_valid, metrics, groups)

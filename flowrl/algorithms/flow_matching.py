@@ -6,7 +6,10 @@ regression is another choice). Per sample i with data x0, noise eps and time t:
 
     velocity heads:  x_t = (1 - t) x0 + t eps,                      target eps - x0
     epsilon heads:   x_t = sqrt(a(t)) x0 + sqrt(1 - a(t)) eps,      target eps
-    l_i = mean((model(x_t, t) - target)^2)
+                     (t snapped to the sampler's train-timestep grid {1/N, ..., 1} when it
+                     has one, e.g. DDIM: alpha_bar exists only there)
+    l_i = mean((model(x_t, t) - target)^2)   (or the head's ``regression_loss(v, x_t, t, x0, eps, cond)``
+                                              when it defines one: masks, losses on decoded outputs)
     loss = sum_i w_i l_i / sum_i w_i        (self-normalised over the global minibatch)
 """
 from __future__ import annotations
@@ -47,6 +50,14 @@ def sample_times(generators: Sequence[torch.Generator], mode: str, mean: float, 
     return torch.sigmoid(mean + std * torch.stack([torch.randn((), generator=g) for g in generators]))
 
 
+def snap_to_train_timesteps(t: Tensor, num_train_timesteps: int) -> Tensor:
+    """[n] continuous t in (0, 1) -> the discrete DDPM grid {1/N, ..., N/N}: train timestep
+    tau = floor(t N) (uniform t gives uniform tau in {0, ..., N-1}) at flowrl time (tau + 1) / N."""
+    n = int(num_train_timesteps)
+    tau = (t.double() * n).floor().clamp(0, n - 1)
+    return ((tau + 1) / n).to(t.dtype)
+
+
 def weighted_regression(per_sample: Tensor, weights: Tensor) -> Tensor:
     """Self-normalised weighted mean sum(w l) / sum(w); per_sample, weights: [B]."""
     return (weights * per_sample).sum() / weights.sum().clamp(min=1e-12)
@@ -81,12 +92,22 @@ class FlowMatching(Algorithm):
         if policy.prediction == "velocity":
             x_t, target = (1 - tb) * x0 + tb * eps, eps - x0
         elif policy.prediction == "epsilon":
+            n = getattr(policy.sampler, "num_train_timesteps", None)
+            if n is not None:  # a discrete-time schedule (DDIM) only defines alpha_bar on its grid
+                t = snap_to_train_timesteps(t, n)
+                tb = t.view_as(tb)
             a = policy.sampler.alpha_bar(t).to(x0.dtype).view_as(tb)
             x_t, target = a.sqrt() * x0 + (1 - a).sqrt() * eps, eps
         else:
             raise ValueError(f"unknown prediction type {policy.prediction!r}")
         out = policy.velocity(x_t, t, cond)
-        per = mean_over_event((out.float() - target.float()) ** 2, None)
+        # a head may define its own per-sample regression (masks, losses on decoded outputs)
+        head = getattr(policy.velocity, "module", policy.velocity)
+        hook = getattr(head, "regression_loss", None) if policy.prediction == "velocity" else None
+        if hook is not None:
+            per = hook(out, x_t, t, x0, eps, cond)
+        else:
+            per = mean_over_event((out.float() - target.float()) ** 2, None)
         return units["weight"] * per, {"loss/regression": per.detach()}
 
 

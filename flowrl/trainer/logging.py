@@ -52,3 +52,65 @@ class MetricsLogger:
 def read_metrics(output_dir: str) -> list[Dict[str, Optional[float]]]:
     path = os.path.join(output_dir, "metrics.jsonl")
     return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def curve_series(rows: list, before: Dict[str, float], after: Dict[str, float], last_iteration: int):
+    """Training and evaluation curves from metrics rows.
+
+    Returns (train, evals): train {metric: ([iteration], [value])} for the ``reward/*``
+    means (not the ``_invalid_frac`` / ``_failures`` counters); evals {metric: ([iteration],
+    [value])} from ``eval/*`` rows, with ``before`` at iteration 0 and ``after`` at
+    ``last_iteration``.
+    """
+    train: Dict[str, tuple] = {}
+    evals: Dict[str, tuple] = {k: ([0], [v]) for k, v in before.items()}
+    for row in rows:
+        it = row.get("iteration", row.get("step"))
+        for k, v in row.items():
+            if v is None or not isinstance(v, (int, float)):
+                continue
+            if k.startswith("reward/") and not k.endswith(("_invalid_frac", "_failures")):
+                train.setdefault(k, ([], []))
+                if train[k][0] and train[k][0][-1] == it:  # several optimizer steps per iteration
+                    continue
+                train[k][0].append(it)
+                train[k][1].append(v)
+            elif k.startswith("eval/"):
+                evals.setdefault(k[5:], ([], []))
+                evals[k[5:]][0].append(it)
+                evals[k[5:]][1].append(v)
+    for k, v in after.items():
+        evals.setdefault(k, ([], []))
+        evals[k][0].append(last_iteration)
+        evals[k][1].append(v)
+    return train, evals
+
+
+def plot_curves(output_dir: str, before: Dict[str, float], after: Dict[str, float], last_iteration: int) -> str:
+    """Write ``output_dir/curves.png``: training rewards (left) and evaluation metrics
+    (right) vs iteration; returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(output_dir) if os.path.isfile(os.path.join(output_dir, "metrics.jsonl")) else []
+    train, evals = curve_series(rows, before, after, last_iteration)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for k, (x, y) in sorted(train.items()):
+        axes[0].plot(x, y, label=k)
+    axes[0].set(title="training reward (rollout mean)", xlabel="iteration")
+    for k, (x, y) in sorted(evals.items()):
+        axes[1].plot(x, y, marker="o", ms=3, label=k, lw=2 if "/" not in k else 1)
+    axes[1].set(title="evaluation (held-out items, fixed seeds)", xlabel="iteration")
+    for ax in axes:
+        if ax.lines:
+            ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = os.path.join(output_dir, "curves.png")
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path

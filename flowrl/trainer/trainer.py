@@ -34,7 +34,7 @@ from flowrl.registry import ALGORITHMS, DATASETS, ENVIRONMENTS, HEADS, ConfigErr
 from flowrl.samplers import SamplerConfig, build_sampler
 from flowrl.trainer import checkpoint as ckpt
 from flowrl.trainer.ema import EMA
-from flowrl.trainer.logging import MetricsLogger
+from flowrl.trainer.logging import MetricsLogger, plot_curves
 from flowrl.types import Trajectory
 from rewards import CompositeReward
 
@@ -166,27 +166,54 @@ class Trainer:
         out["cond"] = {k: torch.cat([p["cond"][k] for p in parts]) for k in parts[0]["cond"]}
         return out
 
-    def _rollout_closed_loop(self, it: int, items, samples: Sequence[int], group: int):
-        """Two-layer rollout. Each (episode, env step) chain becomes a row whose reward is
-        the episode's return (the environment is the reward); rows after an episode
-        ended are invalid. Returns (rollout dict, CompositeOutput-like, rows per episode)."""
+    def _rollout_closed_loop(self, it: int, items, samples: Sequence[int], group: int, group_ids: Tensor,
+                             sample_ids: Tensor):
+        """Two-layer rollout. Without candidates, each (episode, env step) chain becomes a row
+        whose reward is the episode's return (the environment is the reward) and groups
+        are the episodes of an item; with the environment's ``candidates_per_state`` = G
+        (which must equal the algorithm's group size), each item runs ONE episode, every
+        state gets G scored candidates (the best is executed) and a group is one
+        (episode, env step). Rows after an episode ended are invalid. Returns (rollout
+        dict, CompositeOutput-like, group ids [rows], sample ids [rows])."""
         from rewards.base import CompositeOutput
 
         c = self.cfg
-        loop = ClosedLoop(self.head, self.sampler, self.chain, c.env.num_env_steps, velocity_fn=self.model)
-
-        def gens(env_step: int):
-            return [rng.generator(c.seed, rng.STREAM_CHAIN, it, j // group, j % group, env_step) for j in samples]
-
-        seeds = [rng.derive_seed(c.seed, rng.STREAM_INIT, it, j // group) for j in samples]
-        res = loop.rollout(self.env, items, seeds, gens)
+        cand = int(getattr(c.env, "candidates_per_state", 0) or 0)
         e = c.env.num_env_steps
-        total = res.returns.repeat_interleave(e, dim=0).float()
-        valid = res.alive.view(-1, *([1] * (total.ndim - 1))).expand_as(total)
-        scored = CompositeOutput(total, valid, {"return": total}, {"return": valid}, {})
+        if cand and cand != group:
+            raise ConfigError(f"algorithm.group_size: per-state groups need group_size == env.candidates_per_state "
+                              f"({group} != {cand}); set both to the same G")
+        loop = ClosedLoop(self.head, self.sampler, self.chain, e, velocity_fn=self.model, candidates_per_state=cand)
+        if cand:  # one episode per item; candidates (not episodes) fill the group
+            keep = [i for i, j in enumerate(samples) if j % group == 0]
+            prompts = [samples[i] // group for i in keep]
+            items = [items[i] for i in keep]
+
+            def gens(env_step: int):
+                return [rng.generator(c.seed, rng.STREAM_CHAIN, it, p, m, env_step) for p in prompts for m in range(cand)]
+
+            seeds = [rng.derive_seed(c.seed, rng.STREAM_INIT, it, p) for p in prompts]
+            res = loop.rollout(self.env, items, seeds, gens)
+            total, valid = res.scores.float(), res.score_valid
+            state_ids = (group_ids[keep].repeat_interleave(e) * e + torch.arange(e).repeat(len(keep)))
+            group_ids = state_ids.repeat_interleave(cand)
+            sample_ids = group_ids * cand + torch.arange(cand).repeat(len(keep) * e)
+            per, per_valid = {"candidate": total}, {"candidate": valid}
+        else:
+            def gens(env_step: int):
+                return [rng.generator(c.seed, rng.STREAM_CHAIN, it, j // group, j % group, env_step) for j in samples]
+
+            seeds = [rng.derive_seed(c.seed, rng.STREAM_INIT, it, j // group) for j in samples]
+            res = loop.rollout(self.env, items, seeds, gens)
+            total = res.returns.repeat_interleave(e, dim=0).float()
+            valid = res.alive.view(-1, *([1] * (total.ndim - 1))).expand_as(total)
+            group_ids, sample_ids = group_ids.repeat_interleave(e), sample_ids.repeat_interleave(e)
+            per, per_valid = {"return": total}, {"return": valid}
+        metrics = {"episode_return": float(res.returns.float().mean())}
+        scored = CompositeOutput(total, valid, per, per_valid, metrics)
         out = {"states": res.states, "times": res.times, "log_probs": res.log_probs, "velocities": None,
                "cond": res.cond}
-        return out, scored, e
+        return out, scored, group_ids, sample_ids
 
     def _generators(self, it: int, samples: Sequence[int], group: int, shared: bool):
         c = self.cfg
@@ -210,8 +237,7 @@ class Trainer:
         local_t = torch.tensor(local, dtype=torch.long)
         group_ids, sample_ids = it * n_prompts + local_t // g, it * n + local_t
         if self.env is not None:
-            res, scored, rows_per = self._rollout_closed_loop(it, items, local, g)
-            group_ids, sample_ids = group_ids.repeat_interleave(rows_per), sample_ids.repeat_interleave(rows_per)
+            res, scored, group_ids, sample_ids = self._rollout_closed_loop(it, items, local, g, group_ids, sample_ids)
         else:
             init_g, chain_g = self._generators(it, local, g, self.algorithm.shared_init_noise)
             res = self._rollout(items, init_g, chain_g, self.sampler, self.chain.times)
@@ -232,6 +258,9 @@ class Trainer:
             metrics[f"reward/{name}"] = float(per[name][v].mean()) if bool(v.any()) else float("nan")
             metrics[f"reward/{name}_invalid_frac"] = float((~v).float().mean())
         metrics.update({k: v for k, v in scored.metrics.items() if k.endswith("_failures")})
+        if "episode_return" in scored.metrics:  # closed loop: the executed episodes' mean return
+            metrics["reward/episode_return"] = float(self._all_sum(torch.tensor(
+                scored.metrics["episode_return"] / self.world, dtype=torch.float64)))
         tv = traj.valid.cpu()
         metrics["reward/total"] = float(traj.rewards.cpu()[tv].mean()) if bool(tv.any()) else float("nan")
         return traj, per, per_valid, metrics
@@ -383,28 +412,45 @@ class Trainer:
         c = self.cfg
         seed = c.eval.seed if seed is None else seed
         if self.env is not None:
-            return self._evaluate_closed_loop(seed)
+            return self._evaluate_closed_loop(seed, tag)
         if self.eval_reward is None:
             return {}
         mine, items, init, chain = self.eval_plan(seed)
         times = self.eval_times()
         names = self.eval_reward.names
-        sums = torch.zeros(2 * len(names), dtype=torch.float64)  # [score sums..., valid counts...]
+        sums: Dict[str, List[float]] = {name: [0.0, 0.0] for name in names}  # key -> [score sum, valid count]
         ctx = self.ema.applied() if self.ema is not None else nullcontext()
         with ctx:
             if items:
                 res = self._rollout(items, init, chain, self.eval_sampler, times)
                 outputs = self.head.decode(res["states"][:, -1], res["cond"])
                 scored = self.eval_reward(outputs, items)
-                for k, name in enumerate(names):
+                for name in names:
                     ok = scored.per_valid[name].reshape(len(items), -1).all(dim=1)
                     score = scored.per_reward[name].reshape(len(items), -1).double().mean(dim=1)
-                    sums[k], sums[len(names) + k] = score[ok].sum(), ok.sum()
+                    labels = scored.groups.get(name, [None] * len(items))
+                    for i, (s_i, ok_i, g) in enumerate(zip(score.tolist(), ok.tolist(), labels)):
+                        for key in ([name] if g is None else [name, f"{name}/{g}"]):
+                            acc = sums.setdefault(key, [0.0, 0.0])
+                            acc[0] += s_i if ok_i else 0.0
+                            acc[1] += float(ok_i)
         if hasattr(self.head, "save_samples"):
             self._save_sample_grid(mine, items, outputs if items else None, tag or f"step-{self.iteration:06d}")
-        sums = self._all_sum(sums).cpu()
-        return {name: float(sums[k] / sums[len(names) + k]) if sums[len(names) + k] > 0 else float("nan")
-                for k, name in enumerate(names)}
+        return group_means(self._all_sum_dict(sums), names)
+
+    def _all_sum_dict(self, sums: Dict[str, List[float]]) -> Dict[str, List[float]]:
+        """Sum {key: [a, b]} over processes (keys may differ between ranks)."""
+        if self.world == 1:
+            return sums
+        from accelerate.utils import gather_object
+
+        total: Dict[str, List[float]] = {}
+        for part in gather_object([sums]):
+            for k, (a, b) in part.items():
+                acc = total.setdefault(k, [0.0, 0.0])
+                acc[0] += a
+                acc[1] += b
+        return total
 
     def _save_sample_grid(self, mine: List[int], items: List[Any], outputs: Optional[Tensor], tag: str) -> None:
         """Gather every rank's evaluation outputs in global order and let the head draw them."""
@@ -421,8 +467,11 @@ class Trainer:
                                        self.cfg.output_dir, tag)
 
     @torch.no_grad()
-    def _evaluate_closed_loop(self, seed: int) -> Dict[str, float]:
-        """Mean episode return on the eval items with the evaluation sampler."""
+    def _evaluate_closed_loop(self, seed: int, tag: Optional[str] = None) -> Dict[str, float]:
+        """Mean episode return on the eval items with the evaluation sampler (one chain per
+        state, no candidates: the planner's own quality), plus the environment's
+        ``episode_metrics(state)`` when it has them (averaged over episodes), and its
+        ``save_rollouts(state, output_dir, tag)`` drawings (main process) when ``tag`` is given."""
         c = self.cfg
         all_items = list(self.data.eval_items())[: c.eval.num_items]
         spi = c.eval.samples_per_item
@@ -436,8 +485,20 @@ class Trainer:
                                [rng.derive_seed(seed, rng.STREAM_EVAL, j) for j in mine],
                                lambda e: [rng.generator(seed, rng.STREAM_EVAL, j, e) for j in mine])
         ret = res.returns.float().reshape(len(mine), -1).mean(dim=1)
-        packed = self._all_sum(torch.tensor([float(ret.sum()), float(len(mine))], dtype=torch.float64)).cpu()
-        return {"return": float(packed[0] / packed[1].clamp(min=1))}
+        extra = self.env.episode_metrics(res.final_state) if hasattr(self.env, "episode_metrics") and mine else {}
+        keys = sorted(extra)
+        if self.world > 1:  # every rank must reduce the same keys
+            from accelerate.utils import gather_object
+
+            keys = sorted({k for part in gather_object([keys]) for k in part})
+        vals = [float(ret.sum()), float(len(mine))] + [float(extra.get(k, 0.0)) * len(mine) for k in keys]
+        packed = self._all_sum(torch.tensor(vals, dtype=torch.float64)).cpu()
+        n = packed[1].clamp(min=1)
+        out = {"return": float(packed[0] / n)}
+        out.update({k: float(v / n) for k, v in zip(keys, packed[2:])})
+        if tag is not None and self.is_main and hasattr(self.env, "save_rollouts"):
+            self.env.save_rollouts(res.final_state, c.output_dir, tag)
+        return out
 
     # ------------------------------------------------------------------ run
     def _prepare_output_dir(self) -> Optional[str]:
@@ -519,7 +580,7 @@ class Trainer:
                 logger.truncate_after(self.opt_step)
             before = json.load(open(before_path)) if os.path.isfile(before_path) else self.evaluate()
         else:
-            before = self.evaluate()
+            before = self.evaluate(tag="before")
             if self.is_main:
                 ckpt.atomic_write_text(before_path, json.dumps(before, indent=2))
         if self.is_main:
@@ -550,10 +611,14 @@ class Trainer:
             bar.close()
         self.save_checkpoint()
         self.save_final()
-        after = self.evaluate()
+        after = self.evaluate(tag="after")
         report = {"before": before, "after": after}
+        if self.is_main and hasattr(self.data, "report"):
+            report["data"] = self.data.report(out)  # optional hook: the source's own diagnostics
         if self.is_main:
             ckpt.atomic_write_text(os.path.join(out, "report.json"), json.dumps(report, indent=2))
+            if c.train.curves:
+                plot_curves(out, before, after, self.iteration)
             print(f"[flowrl] after:  {json.dumps(_round(after))}", flush=True)
             print(format_report(report), flush=True)
         if logger:
@@ -571,6 +636,22 @@ class Trainer:
         weights = state["ema"] if state["ema"] is not None else state["trainable"]
         self.head.load_trainable_state_dict(weights)
         self.ema = None
+
+
+def group_means(sums: Dict[str, List[float]], names: Sequence[str]) -> Dict[str, float]:
+    """{key: [score sum, valid count]} -> means: ``name`` for every reward, then its
+    ``name/<group>`` breakdown (sorted) and ``name/group_mean`` (unweighted mean over groups)."""
+    mean = lambda a, b: float(a / b) if b > 0 else float("nan")  # noqa: E731
+    out: Dict[str, float] = {}
+    for name in names:
+        out[name] = mean(*sums.get(name, [0.0, 0.0]))
+        groups = sorted(k for k in sums if k.startswith(name + "/"))
+        for k in groups:
+            out[k] = mean(*sums[k])
+        if groups:
+            vals = [out[k] for k in groups if math.isfinite(out[k])]
+            out[f"{name}/group_mean"] = float(sum(vals) / len(vals)) if vals else float("nan")
+    return out
 
 
 def _round(d: Dict[str, float]) -> Dict[str, float]:

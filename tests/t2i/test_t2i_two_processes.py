@@ -30,7 +30,7 @@ def test_two_ranks_match_one_rank(tiny_pipelines, tmp_path):
         for key in ("loss", "grad_norm", "reward/total", "policy/ratio"):
             assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-6), key
     # the evaluation grid holds every rank's images, in the same order as one process
-    for name in ("step-000000.png", "step-000002.png"):
+    for name in ("before.png", "after.png"):
         g1 = np.asarray(Image.open(one / "samples" / name), dtype=np.int16)
         g2 = np.asarray(Image.open(two / "samples" / name), dtype=np.int16)
         assert g1.shape == g2.shape and np.abs(g1 - g2).max() <= 1

@@ -16,6 +16,7 @@ Outputs of ``decode``: float32 images [B, 3, H, W] in [0, 1] on the CPU.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import warnings
 from collections import OrderedDict
@@ -89,6 +90,7 @@ class T2IHead(Head):
         self.config = config
         self.dtype = DTYPES[config.dtype]
         self.pipe = self._load_pipeline()
+        quiet_repeated_truncation(type(self.pipe).__module__)
         self.denoiser = getattr(self.pipe, self.denoiser_name)
         frozen = {k: v for k, v in self.pipe.components.items() if isinstance(v, nn.Module) and k != self.denoiser_name}
         self.frozen = nn.ModuleDict(frozen)
@@ -249,11 +251,66 @@ class T2IHead(Head):
             json.dump(asdict(self.config), fh, indent=2)
 
     def save_samples(self, images: Tensor, items: Sequence[Any], output_dir: str, tag: str) -> str:
-        """Write an image grid PNG to ``output_dir/samples/<tag>.png``; returns its path."""
-        from torchvision.utils import save_image
-
+        """Write an image grid PNG, each image with its prompt under it, to
+        ``output_dir/samples/<tag>.png``; returns its path."""
         path = os.path.join(output_dir, "samples", f"{tag}.png")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        nrow = max(1, int(len(images) ** 0.5))
-        save_image(images, path, nrow=nrow)
+        captioned_grid(images, prompts_of(items)).save(path)
         return path
+
+
+class _FirstTruncationOnly(logging.Filter):
+    """Let a pipeline's "part of your input was truncated" warning through once per run:
+    it repeats on every prompt batch (a model trained with short T5 sequences hits it always)."""
+
+    seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "was truncated because" not in str(record.msg):
+            return True
+        if self.seen:
+            return False
+        self.seen = True
+        return True
+
+
+def quiet_repeated_truncation(logger_name: str) -> None:
+    """Install ``_FirstTruncationOnly`` on a diffusers pipeline module's logger (once)."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, _FirstTruncationOnly) for f in logger.filters):
+        logger.addFilter(_FirstTruncationOnly())
+
+
+def _wrap(text: str, width: int) -> List[str]:
+    """Greedy word wrap to lines of at most ``width`` characters."""
+    lines: List[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines or [""]
+
+
+def captioned_grid(images: Tensor, captions: Sequence[str], tile: int = 128, text_lines: int = 3):
+    """images [N, 3, H, W] in [0, 1] -> a PIL grid, each image scaled (nearest) to ``tile``
+    pixels wide with its caption (wrapped, at most ``text_lines`` lines) under it."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    n = len(images)
+    cols = max(1, int(n ** 0.5))
+    rows = (n + cols - 1) // cols
+    h, w = images.shape[-2:]
+    th = max(1, round(tile * h / w))
+    font = ImageFont.load_default()
+    line_h, chars = 12, max(8, tile // 6)
+    cell_h = th + 4 + line_h * text_lines
+    grid = Image.new("RGB", (cols * (tile + 4), rows * cell_h), (255, 255, 255))
+    draw = ImageDraw.Draw(grid)
+    pixels = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    for i in range(n):
+        x, y = (i % cols) * (tile + 4) + 2, (i // cols) * cell_h + 2
+        grid.paste(Image.fromarray(pixels[i]).resize((tile, th), Image.NEAREST), (x, y))
+        for k, line in enumerate(_wrap(str(captions[i]), chars)[:text_lines]):
+            draw.text((x, y + th + 1 + k * line_h), line, fill=(0, 0, 0), font=font)
+    return grid
