@@ -27,17 +27,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from rewards.shapes.prompts import CATEGORIES, sample_scene, split_prompts, take_per_category  # noqa: E402
+from rewards.shapes.prompts import CATEGORIES, balanced, sample_scene, split_prompts  # noqa: E402
 
 
 def eval_items(split_seed: int = 0, per_category: int = 32) -> List[Dict[str, Any]]:
     """``per_category`` held-out items per category (prompts cycled), in category order."""
-    ev = split_prompts(split_seed)["eval"]
-    out: List[Dict[str, Any]] = []
-    for cat in CATEGORIES:
-        pick = take_per_category([it for it in ev if it["category"] == cat], per_category, seed=0)
-        out += [pick[j % len(pick)] for j in range(per_category)]
-    return out
+    return balanced(split_prompts(split_seed)["eval"], per_category)
 
 
 def load_head(model: str, guidance_scale: float = 1.0, lora: str = ""):
@@ -89,6 +84,16 @@ def run(model: str = "", *, ground: bool = False, seed: int = 0, split_seed: int
     return {k: round(float(v), 4) for k, v in evaluate(images, items).items()}, images
 
 
+REFERENCE_PNG = os.path.join(ROOT, "examples", "shapes", "reference_samples.png")
+
+
+def reference_samples(model: str, per_category: int = 1) -> torch.Tensor:
+    """uint8 [N, 32, 32, 3]: the first held-out item of each category, eval seed 0, 10 Euler
+    steps -- the stored sample a committed model must reproduce (``REFERENCE_PNG``)."""
+    images = sample_head(load_head(model), eval_items(0, per_category), seed=0, num_steps=10)
+    return (images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=os.path.join(ROOT, "examples", "shapes", "model"), help="pipeline folder")
@@ -101,7 +106,17 @@ def main(argv=None) -> None:
     ap.add_argument("--guidance-scale", type=float, default=1.0, help="CFG scale (1 = off)")
     ap.add_argument("--out", default="", help="write the metrics JSON here (and a PNG grid next to it)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--write-reference", action="store_true",
+                    help=f"(re)write the stored reference samples of --model ({REFERENCE_PNG}) with 1 thread, then exit")
     args = ap.parse_args(argv)
+    if args.write_reference:
+        from PIL import Image
+
+        torch.set_num_threads(1)
+        ref = reference_samples(args.model)
+        Image.fromarray(torch.cat(list(ref), dim=1).numpy()).save(REFERENCE_PNG)
+        print(f"wrote {REFERENCE_PNG}")
+        return
     torch.set_num_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     t0 = time.time()

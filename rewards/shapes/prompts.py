@@ -41,10 +41,14 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from flowrl._fields import hfield
+from flowrl.data import ItemSource
+from flowrl.registry import DATASETS, ConfigError
 from rewards.shapes.world import COLOURS, RELATIONS, SHAPES, Scene, sample_layout
 
 CATEGORIES: Tuple[str, ...] = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
@@ -234,6 +238,17 @@ def take_per_category(items: Sequence[Dict[str, Any]], n: int, seed: int = 0) ->
     return [it for i, it in enumerate(items) if i in keep]
 
 
+def balanced(items: Sequence[Dict[str, Any]], per_category: int, seed: int = 0) -> List[Dict[str, Any]]:
+    """Exactly ``per_category`` items of every category present, in category order: a
+    seeded subset of the category's prompts (``take_per_category``), cycled when it has
+    fewer. The held-out evaluation set of the shapes recipes and scripts."""
+    out: List[Dict[str, Any]] = []
+    for cat in CATEGORIES:
+        pick = take_per_category([it for it in items if it["category"] == cat], per_category, seed)
+        out += [pick[j % len(pick)] for j in range(per_category)] if pick else []
+    return out
+
+
 # --------------------------------------------------------------------------- scenes
 def sample_scene(item: Any, rng: np.random.Generator) -> Scene:
     """A random scene that satisfies the prompt (ground truth): exactly the named objects,
@@ -312,7 +327,44 @@ def write_split(directory: str, seed: int = 0, train_fraction: float = 0.3) -> D
     return {name: write_jsonl(items, os.path.join(directory, f"{name}.jsonl")) for name, items in split.items()}
 
 
-__all__ = ["CATEGORIES", "NUMBERS", "OPPOSITE", "HELD_OUT_SINGLE", "HELD_OUT_PAIRS", "HELD_OUT_COUNTS",
+# --------------------------------------------------------------------------- data source
+@dataclass
+class ShapesPromptsConfig:
+    """The shapes world's prompt split as a flowrl data source (no files needed)."""
+
+    name: str = hfield("shapes_prompts", "data source name")
+    split_seed: int = hfield(0, "seed of split_prompts (which non-held-out prompts go to pretrain vs train)")
+    train_split: str = hfield("train", "training prompts: train (the RL split, never pretrained on) or pretrain")
+    eval_per_category: int = hfield(16, "held-out evaluation items per category (balanced; prompts cycled)")
+
+    def __post_init__(self) -> None:
+        if self.train_split not in ("train", "pretrain"):
+            raise ConfigError(f"data.train_split: '{self.train_split}' is not one of train, pretrain")
+        if self.eval_per_category < 1:
+            raise ConfigError(f"data.eval_per_category: must be >= 1, got {self.eval_per_category}")
+
+
+class ShapesPrompts(ItemSource):
+    """train_items: the ``train_split`` prompts; eval_items: the held-out prompts,
+    ``eval_per_category`` per category (``balanced``), so evaluation means are category means."""
+
+    def __init__(self, config: ShapesPromptsConfig):
+        split = split_prompts(config.split_seed)
+        self._train = split[config.train_split]
+        self._eval = balanced(split["eval"], config.eval_per_category)
+
+    def train_items(self) -> List[Dict[str, Any]]:
+        return list(self._train)
+
+    def eval_items(self) -> List[Dict[str, Any]]:
+        return list(self._eval)
+
+
+DATASETS.register("shapes_prompts", ShapesPromptsConfig,
+                  help="shapes-world prompts: RL train split and balanced held-out compositions")(ShapesPrompts)
+
+
+__all__ = ["CATEGORIES", "balanced", "ShapesPromptsConfig", "ShapesPrompts", "NUMBERS", "OPPOSITE", "HELD_OUT_SINGLE", "HELD_OUT_PAIRS", "HELD_OUT_COUNTS",
            "HELD_OUT_COLOUR_SHAPES", "HELD_OUT_BINDINGS", "HELD_OUT_LAYOUTS", "MISMATCHES", "obj", "make_item",
            "prompt_text", "parse_prompt", "item_spec", "all_prompts", "layout_key", "is_held_out", "split_prompts",
            "take_per_category", "sample_scene", "mismatch", "write_jsonl", "read_jsonl", "write_split"]

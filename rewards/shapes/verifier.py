@@ -290,7 +290,8 @@ class ShapesEval(Reward):
 
     Items are dicts from ``rewards.shapes.prompts`` (or plain prompt strings of its
     grammar, parsed). An item that is not a shapes prompt is invalid. ``info`` carries
-    ``acc/<category>`` (this batch's accuracy per category present).
+    ``acc/<category>`` (this batch's accuracy per category present) and ``groups`` (each
+    sample's category, so ``flowrl`` evaluations report ``shapes_eval/<category>``).
     """
 
     def score(self, outputs: torch.Tensor, batch: Sequence[Any]) -> RewardOutput:
@@ -302,6 +303,7 @@ class ShapesEval(Reward):
         valid = torch.tensor([v is not None for v in verdicts], dtype=torch.bool) & finite
         acc = accuracy_by_category([v if ok else None for v, ok in zip(verdicts, valid.tolist())], cats)
         info: Dict[str, Any] = {f"acc/{k}": v for k, v in acc.items() if k != "overall"}
+        info["groups"] = [cat or "not_a_shapes_prompt" for cat in cats]  # evaluation breaks scores down by category
         return RewardOutput(score, valid, info)
 
 

@@ -1,0 +1,109 @@
+"""Benchmark: every algorithm on the shapes world, 3 training seeds, equal reward-query budget.
+
+Runs ``configs/t2i/shapes_{fdfo,flow_grpo,dance_grpo,vg_grpo}.yaml`` (each 64 reward
+queries per iteration) and reads their held-out ShapesEval curves (``eval/shapes_eval``
+every ``train.eval_every`` iterations, before at 0 and after at the end). Writes JSON and a
+PNG of held-out accuracy vs reward queries and vs training wall time (rollout + update
+seconds, evaluation excluded), and prints a table. Not part of ``make test``; run with
+``make bench-shapes`` (about 12 runs of the demo's length on a 2-core CPU).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ALGORITHMS = ["fdfo", "flow_grpo", "dance_grpo", "vg_grpo"]
+QUERIES_PER_ITERATION = 64  # prompts_per_step x group size in every shapes config
+
+
+def run(algorithm: str, seed: int, out: Path, overrides: list[str]) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, "-m", "flowrl", "train", f"configs/t2i/shapes_{algorithm}.yaml",
+                          f"seed={seed}", f"output_dir={out}", "overwrite=true", "train.progress=false",
+                          "train.tensorboard=false", *overrides], cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise SystemExit(f"{algorithm} seed {seed} failed:\n{res.stderr[-2000:]}")
+    report = json.loads((out / "report.json").read_text())
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    per_iter: dict = {}  # iteration -> {"s": rollout + update seconds, "eval": held-out accuracy}
+    for r in rows:  # the perf/* seconds are per iteration, repeated on each optimizer-step row
+        it = per_iter.setdefault(r["iteration"], {"s": (r.get("perf/rollout_s") or 0.0) + (r.get("perf/update_s") or 0.0),
+                                                  "eval": None})
+        if r.get("eval/shapes_eval") is not None:
+            it["eval"] = r["eval/shapes_eval"]
+    last = max(per_iter)
+    curve = [(0, 0.0, report["before"]["shapes_eval"])]
+    elapsed = 0.0
+    for it in sorted(per_iter):
+        elapsed += per_iter[it]["s"]
+        acc = report["after"]["shapes_eval"] if it == last else per_iter[it]["eval"]
+        if acc is not None:
+            curve.append((it * QUERIES_PER_ITERATION, round(elapsed, 1), acc))
+    return {"report": report, "curve": curve, "wall_s": round(wall, 1)}
+
+
+def stat(xs: list[float]) -> str:
+    return f"{statistics.mean(xs):.3f} +- {statistics.pstdev(xs):.3f}"
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for alg, res in results.items():
+        runs = res["runs"]
+        n = min(len(r["curve"]) for r in runs)
+        q = [runs[0]["curve"][i][0] for i in range(n)]
+        s = [statistics.mean(r["curve"][i][1] for r in runs) for i in range(n)]
+        m = [statistics.mean(r["curve"][i][2] for r in runs) for i in range(n)]
+        sd = [statistics.pstdev([r["curve"][i][2] for r in runs]) for i in range(n)]
+        for ax, x in zip(axes, (q, s)):
+            line = ax.plot(x, m, marker="o", ms=3, label=alg)[0]
+            ax.fill_between(x, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)],
+                            color=line.get_color(), alpha=0.15)
+    axes[0].set(xlabel="reward queries", ylabel="held-out ShapesEval", title="accuracy vs reward queries")
+    axes[1].set(xlabel="training seconds (rollout + update, mean over seeds)", title="accuracy vs wall time")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="outputs/bench_shapes.json")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--algorithms", nargs="+", default=ALGORITHMS)
+    ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every run (e.g. max_steps=20)")
+    args = ap.parse_args()
+    work = Path(args.out).with_suffix("")
+    results = {}
+    print(f"{'algorithm':<12} {'before':>16} {'after':>16} {'run seconds':>16}")
+    for alg in args.algorithms:
+        runs = [run(alg, seed, work / f"{alg}-{seed}", args.overrides) for seed in args.seeds]
+        before = [r["report"]["before"]["shapes_eval"] for r in runs]
+        after = [r["report"]["after"]["shapes_eval"] for r in runs]
+        print(f"{alg:<12} {stat(before):>16} {stat(after):>16} {stat([r['wall_s'] for r in runs]):>16}", flush=True)
+        results[alg] = {"seeds": args.seeds, "before": before, "after": after, "runs": runs}
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(results, fh, indent=2)
+    plot(results, str(Path(args.out).with_suffix(".png")))
+    print(f"wrote {args.out} and {Path(args.out).with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
