@@ -1,0 +1,141 @@
+"""The driving head (flowrl Head contract), per-state candidate groups in the two-layer MDP,
+the offline regression hook, and the CI-sized closed-loop pipeline (determinism)."""
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import flowrl.builtins  # noqa: F401
+from flowrl.heads.base import check_head_contract
+from flowrl.mdp import ChainConfig, ClosedLoop, DenoisingChain
+from flowrl.samplers import SamplerConfig, build_sampler
+from planners.driving import DrivingEnv, DrivingEnvConfig, DrivingHead, DrivingHeadConfig
+from planners.driving.data import DemoConfig
+from planners.driving.model import PlannerConfig
+from planners.driving.scenes import make_scenes
+from planners.driving.sources import DrivingDemos, DrivingDemosConfig, DrivingScenes, DrivingScenesConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+PRETRAINED = ROOT / "planners" / "driving" / "pretrained"
+SMALL = PlannerConfig(d_model=32, heads=4, decoder_blocks=1, horizon=10)
+
+
+def _head(perturb: bool = True) -> DrivingHead:
+    head = DrivingHead(DrivingHeadConfig(planner=SMALL))
+    if perturb:  # the output layer is zero-initialised (DiT): give it a gradient path
+        with torch.no_grad():
+            head.model.out.weight.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(0))
+        head.reference = copy.deepcopy(head.model).requires_grad_(False)
+    return head
+
+
+def test_head_contract_and_round_trip(tmp_path):
+    head = _head()
+    scenes = make_scenes([1, 2, 3])
+    check_head_contract(head, scenes, str(tmp_path / "h"))
+    again = DrivingHead.from_pretrained(str(tmp_path / "h"))
+    cond = head.encode(scenes)
+    assert head.encode([scenes[0], scenes[1], scenes[2]])["agents"].equal(cond["agents"])
+    x = head.init_noise(cond, [torch.Generator().manual_seed(i) for i in range(3)])
+    t = torch.full((3,), 0.4)
+    assert torch.allclose(head.velocity(x, t, cond), again.velocity(x, t, cond), atol=1e-6)
+    assert torch.allclose(again.reference_velocity(x, t, cond), again.velocity(x, t, cond).detach(), atol=1e-5)
+    # x is normalised; decode gives physical (accel, steer)
+    assert torch.allclose(head.decode(torch.ones_like(x), cond)[..., 0], torch.full_like(x[..., 0], 3.0))
+    assert head.event_ndim == 2 and x.shape[1:] == (cond["agent_valid"].shape[1], SMALL.horizon, 2)
+
+
+def test_candidates_execute_the_best_and_group_per_state():
+    env = DrivingEnv(DrivingEnvConfig(episode_steps=10, execute_steps=5, score_steps=5))
+    head = _head()
+    sampler = build_sampler(SamplerConfig(name="flow_sde", eta=1.0))
+    chain = DenoisingChain(ChainConfig(num_steps=2))
+    b, g, e = 2, 3, env.config.num_env_steps
+    loop = ClosedLoop(head, sampler, chain, e, candidates_per_state=g)
+    res = loop.rollout(env, [11, 12], [0, 0],
+                       lambda k: [torch.Generator().manual_seed(100 * k + i) for i in range(b * g)])
+    a = res.scores.shape[-1]
+    assert res.states.shape[0] == b * e * g and res.log_probs.shape == (b * e * g, 2, a)
+    assert res.episode.tolist() == [0] * (e * g) + [1] * (e * g)
+    assert res.env_step.tolist()[: e * g] == [0, 0, 0, 1, 1, 1] and res.candidate.tolist()[:4] == [0, 1, 2, 0]
+    # score_steps == execute_steps and the simulator is deterministic: what was executed is
+    # exactly the best candidate, so the return is the sum of the per-state best scores
+    sc = res.scores.view(b, e, g, a)
+    ok = res.score_valid.view(b, e, g, a).float()
+    mean = (sc * ok).sum(-1) / ok.sum(-1).clamp(min=1)
+    best = sc.gather(2, mean.argmax(-1)[..., None, None].expand(b, e, 1, a))[:, :, 0]
+    assert torch.allclose(res.returns, best.sum(1), atol=1e-4)
+    assert res.final_state.episode.pos.shape[2] == env.config.episode_steps
+    metrics = env.episode_metrics(res.final_state)
+    for k in ("collision_rate", "offroad_rate", "avg_speed", "progress", "ttc_unsafe_frac",
+              "comfort_violation_frac", "route_completion", "ade"):
+        assert k in metrics and metrics[k] == metrics[k]
+
+
+def test_sources_are_disjoint_and_demos_train_offline(tmp_path):
+    src = DrivingScenes(DrivingScenesConfig(num_train=16, num_eval=4))
+    assert not set(src.train_items()) & set(src.eval_items())
+    with pytest.raises(ValueError, match="overlap"):
+        DrivingScenesConfig(first_seed=99_990, num_train=20)
+    demos = DrivingDemos(DrivingDemosConfig(directory=str(tmp_path / "demos"), num_eval=4,
+                                            demos=DemoConfig(num_scenes=2, episode_steps=20, horizon=10, stride=5)))
+    items, x0, cols = demos.get(torch.arange(3))
+    assert x0.shape[0] == 3 and x0.abs().max() < 10  # normalised controls
+    assert not set(int(s) for s in demos.demos.t["seed"]) & set(demos.eval_items())
+    # flow matching uses the head's regression hook (masked FM + reached-state loss)
+    from flowrl.algorithms.base import Policy
+    from flowrl.algorithms.flow_matching import FlowMatching, FlowMatchingConfig
+
+    head = _head()
+    algo = FlowMatching(FlowMatchingConfig())
+    units = algo.make_offline_units(x0, cols)
+    policy = Policy(velocity=head, reference_velocity=head.reference_velocity,
+                    sampler=build_sampler(SamplerConfig(name="euler")), event_ndim=2)
+    gens = [torch.Generator().manual_seed(i) for i in range(3)]
+    per, _ = algo.loss(units, head.encode(items), policy, gens)
+    head.config.state_weight = 0.0
+    per_fm, _ = algo.loss(units, head.encode(items), policy, [torch.Generator().manual_seed(i) for i in range(3)])
+    assert per.shape == (3,) and bool((per > per_fm).all())
+
+
+@pytest.mark.skipif(not (PRETRAINED / "model.safetensors").exists(), reason="no committed pretrained planner")
+def test_ci_config_runs_and_is_deterministic(tmp_path):
+    from flowrl.config import load_config
+    from flowrl.trainer import Trainer
+
+    reports = []
+    for run in ("a", "b"):
+        cfg = load_config(str(ROOT / "configs/driving/ci.yaml"), [f"output_dir={tmp_path / run}", "max_steps=1"])
+        trainer = Trainer(cfg)
+        reports.append(trainer.train())
+        trainer.close()
+    assert reports[0] == reports[1]
+    for k in ("return", "collision_rate", "offroad_rate", "avg_speed", "progress", "ttc_unsafe_frac", "ade"):
+        assert k in reports[0]["after"]
+    assert list((tmp_path / "a" / "rollouts").glob("after-*.gif"))
+    rows = [json.loads(line) for line in open(tmp_path / "a" / "metrics.jsonl")]
+    assert "adv/dropped_group_frac" in rows[-1] and "policy/kl_ref" in rows[-1] and "grad_norm" in rows[-1]
+
+
+@pytest.mark.skipif(not (PRETRAINED / "model.safetensors").exists(), reason="no committed pretrained planner")
+def test_example_smoke(tmp_path, monkeypatch, capsys):
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", ["driving_post_training.py", "--steps", "1", "--tiny",
+                                      "--output-dir", str(tmp_path / "out")])
+    runpy.run_path(str(ROOT / "examples" / "driving_post_training.py"), run_name="__main__")
+    torch.set_num_threads(1)
+    assert "collision_rate" in capsys.readouterr().out and (tmp_path / "out" / "report.json").exists()
+
+
+def test_progress_clip_caps_the_progress_reward():
+    from planners.driving.metrics import RewardWeights, dense_reward_terms
+
+    no = torch.zeros(1, 2, 3, dtype=torch.bool)
+    prog, exp = torch.tensor([[8.0, 2.0]]), torch.tensor([[4.0, 4.0]])
+    r15 = dense_reward_terms(no, no, prog, exp, weights=RewardWeights())
+    r10 = dense_reward_terms(no, no, prog, exp, weights=RewardWeights(progress_clip=1.0))
+    assert torch.allclose(r15, torch.tensor([[6.0, 2.0]])) and torch.allclose(r10, torch.tensor([[4.0, 2.0]]))
