@@ -26,9 +26,24 @@ def _t2i(tmp_path):
     return head, ["a red circle", "a blue square", "a green star"]
 
 
+def _driving_planner(tmp_path):
+    from planners.driving.head import DrivingHead
+    from planners.driving.scenes import make_scenes
+
+    return DrivingHead.from_pretrained("planners/driving/pretrained"), make_scenes([1, 2, 3])
+
+
+def _robot(tmp_path):
+    from planners.robot.head import RobotHead
+
+    g = torch.Generator().manual_seed(0)
+    items = [{"obs": torch.randn(2, 39, generator=g), "task": i} for i in range(3)]
+    return RobotHead.from_pretrained("planners/robot/pretrained/velocity"), items
+
+
 # the smallest buildable instance of each registered head (the t2i families are all
 # checked in tests/t2i; sd3 stands in here)
-HEAD_FACTORIES = {"toy": _toy, "t2i": _t2i}
+HEAD_FACTORIES = {"toy": _toy, "t2i": _t2i, "driving_planner": _driving_planner, "robot": _robot}
 
 
 @pytest.mark.parametrize("name", HEADS.names())
