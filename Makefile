@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test venv bench bench-toy bench-t2i bench-rewards bench-remote clean
+.PHONY: demo test venv bench bench-toy bench-t2i bench-rewards bench-remote bench-shapes bench-driving bench-robot clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,7 +23,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
-bench: bench-toy bench-t2i bench-rewards bench-remote
+bench: bench-toy bench-t2i bench-rewards bench-remote bench-shapes bench-driving bench-robot
 
 bench-toy: $(STAMP)
 	FLOWRL_NUM_THREADS=1 $(BIN)/python tests/benchmarks/bench_toy.py --out outputs/bench_toy.json
@@ -33,6 +33,15 @@ bench-t2i: $(STAMP)
 
 bench-rewards: $(STAMP)
 	FLOWRL_NUM_THREADS=1 $(BIN)/python tests/benchmarks/bench_rewards.py --out outputs/bench_rewards.json
+
+bench-shapes: $(STAMP)
+	$(BIN)/python tests/benchmarks/bench_shapes.py --out outputs/bench_shapes.json
+
+bench-driving: $(STAMP)
+	$(BIN)/python tests/benchmarks/bench_driving_sim.py --threads 2 --scenes 256 --out outputs/bench_driving_sim.json
+
+bench-robot: $(STAMP)
+	FLOWRL_NUM_THREADS=1 $(BIN)/python tests/benchmarks/bench_robot.py --jobs 2 --out outputs/bench_robot.json
 
 bench-remote: $(STAMP)
 	$(BIN)/python tests/benchmarks/bench_remote.py --out outputs/bench_remote.json
