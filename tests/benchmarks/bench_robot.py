@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 
 METHODS = ("uniform", "ptr", "oracle", "awr", "filtered", "clean_only")
 TASKS = ("push-v3", "pick-place-v3", "door-open-v3")
-MIXES = ("adversarial", "mostly_clean")
+MIXES = ("adversarial", "mostly_clean", "embodiment_heavy")
 
 #: PTR variants compared by --validate (overrides of configs/robot/metaworld_ptr.yaml)
 VARIANTS: Dict[str, Tuple[str, List[str]]] = {
