@@ -35,6 +35,7 @@ from flowrl.samplers import SamplerConfig, build_sampler
 from flowrl.trainer import checkpoint as ckpt
 from flowrl.trainer.ema import EMA
 from flowrl.trainer.logging import MetricsLogger, plot_curves
+from flowrl.trainer.report import format_report, group_means, round_metrics
 from flowrl.types import Trajectory
 from rewards import CompositeReward
 
@@ -585,7 +586,7 @@ class Trainer:
                 ckpt.atomic_write_text(before_path, json.dumps(before, indent=2))
         if self.is_main:
             print(f"[flowrl] {self.world} process(es) on {self.device}; iteration {self.iteration}/{c.max_steps}", flush=True)
-            print(f"[flowrl] before: {json.dumps(_round(before))}", flush=True)
+            print(f"[flowrl] before: {json.dumps(round_metrics(before))}", flush=True)
         bar = None
         if self.is_main and c.train.progress:
             from tqdm.auto import tqdm
@@ -619,7 +620,7 @@ class Trainer:
             ckpt.atomic_write_text(os.path.join(out, "report.json"), json.dumps(report, indent=2))
             if c.train.curves:
                 plot_curves(out, before, after, self.iteration)
-            print(f"[flowrl] after:  {json.dumps(_round(after))}", flush=True)
+            print(f"[flowrl] after:  {json.dumps(round_metrics(after))}", flush=True)
             print(format_report(report), flush=True)
         if logger:
             logger.close()
@@ -636,34 +637,3 @@ class Trainer:
         weights = state["ema"] if state["ema"] is not None else state["trainable"]
         self.head.load_trainable_state_dict(weights)
         self.ema = None
-
-
-def group_means(sums: Dict[str, List[float]], names: Sequence[str]) -> Dict[str, float]:
-    """{key: [score sum, valid count]} -> means: ``name`` for every reward, then its
-    ``name/<group>`` breakdown (sorted) and ``name/group_mean`` (unweighted mean over groups)."""
-    mean = lambda a, b: float(a / b) if b > 0 else float("nan")  # noqa: E731
-    out: Dict[str, float] = {}
-    for name in names:
-        out[name] = mean(*sums.get(name, [0.0, 0.0]))
-        groups = sorted(k for k in sums if k.startswith(name + "/"))
-        for k in groups:
-            out[k] = mean(*sums[k])
-        if groups:
-            vals = [out[k] for k in groups if math.isfinite(out[k])]
-            out[f"{name}/group_mean"] = float(sum(vals) / len(vals)) if vals else float("nan")
-    return out
-
-
-def _round(d: Dict[str, float]) -> Dict[str, float]:
-    return {k: (round(v, 4) if isinstance(v, float) and math.isfinite(v) else v) for k, v in d.items()}
-
-
-def format_report(report: Dict[str, Dict[str, float]]) -> str:
-    """A before/after table for the terminal."""
-    names = list(report["before"]) or list(report["after"])
-    width = max([len(n) for n in names] + [6])
-    lines = [f"{'metric':<{width}}  {'before':>8}  {'after':>8}"]
-    for n in names:
-        b, a = report["before"].get(n, float("nan")), report["after"].get(n, float("nan"))
-        lines.append(f"{n:<{width}}  {b:>8.4f}  {a:>8.4f}")
-    return "\n".join(lines)

@@ -9,7 +9,7 @@ from PIL import Image
 import flowrl.builtins  # noqa: F401
 from flowrl.config import load_config
 from flowrl.trainer import Trainer
-from flowrl.trainer.trainer import group_means
+from flowrl.trainer.report import group_means
 from rewards.shapes.prompts import CATEGORIES, ShapesPrompts, ShapesPromptsConfig, split_prompts
 from tests.conftest import run_cli
 
