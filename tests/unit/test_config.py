@@ -32,6 +32,14 @@ def test_overrides_reach_nested_and_polymorphic_sections():
     assert type(cfg.algorithm).__name__ == "VGGRPOConfig" and cfg.algorithm.group_size == 8  # from the YAML
 
 
+def test_exponent_without_a_dot_is_a_number():
+    # YAML 1.1 reads 3e-4 as a string; float fields accept it, in overrides and in files
+    cfg = load_config("configs/toy/flow_grpo.yaml", ["optim.lr=3e-4", "algorithm.kl_beta=1E-2"])
+    assert cfg.optim.lr == 3e-4 and cfg.algorithm.kl_beta == 0.01
+    with pytest.raises(ConfigError, match="optim.lr: expected a number"):
+        load_config("configs/toy/flow_grpo.yaml", ["optim.lr=fast"])
+
+
 def test_paper_defaults():
     cfg = load_config("configs/toy/flow_grpo.yaml", ["algorithm={name: flow_grpo}"])
     assert (cfg.algorithm.group_size, cfg.algorithm.clip_range, cfg.algorithm.kl_beta) == (24, 1e-4, 0.04)
