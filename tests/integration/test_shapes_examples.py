@@ -24,7 +24,7 @@ def _run(*args):
 def test_pretrain_and_evaluate_scripts(tmp_path):
     model = tmp_path / "model"
     _run("examples/shapes/pretrain.py", "--output-dir", model, "--steps", "3", "--scenes-per-prompt", "2",
-         "--eval-every", "0", "--eval-per-category", "1", "--eval-steps", "2", "--layers", "1", "--threads", "1")
+         "--eval-every", "0", "--eval-per-category", "1", "--eval-steps", "2", "--layers", "1", "--threads", "1", "--ema", "0.9", "--shift", "3")
     _run("examples/shapes/evaluate.py", "--model", model, "--per-category", "1", "--num-steps", "2",
          "--out", tmp_path / "eval.json", "--threads", "1")
     metrics = json.loads((tmp_path / "eval.json").read_text())
@@ -43,3 +43,5 @@ def test_pretrain_and_evaluate_scripts(tmp_path):
         latents = (latents - vae.config.shift_factor) * vae.config.scaling_factor
     back = head.decode(latents, {})
     assert (back - images).abs().max() <= 1 / 255
+    # --shift reaches the saved scheduler, which the head's time grid reads
+    assert head.pipe.scheduler.config.shift == 3.0
