@@ -40,7 +40,7 @@ def main() -> None:
         max_steps=args.steps,
         overwrite=True,
         head=DrivingHeadConfig(path="planners/driving/pretrained"),
-        sampler=SamplerConfig(name="flow_sde", eta=0.7),
+        sampler=SamplerConfig(name="flow_sde", eta=0.3),
         chain=ChainConfig(num_steps=3 if args.tiny else 5, train_fraction=1.0 if args.tiny else 0.6),
         algorithm=VGGRPOConfig(group_size=g, std1=1.0, std2=2.0, num_minibatches=1 if args.tiny else 2),
         data=DrivingScenesConfig(num_eval=4 if args.tiny else 64),
