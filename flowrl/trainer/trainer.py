@@ -29,10 +29,11 @@ from flowrl import rng
 from flowrl.algorithms.base import Policy
 from flowrl.config import TrainConfig, config_to_dict
 from flowrl.data import ItemSource, OfflineDataset, epoch_indices
-from flowrl.mdp import ClosedLoop, DenoisingChain, sample_chain, time_grid
+from flowrl.mdp import DenoisingChain, sample_chain, time_grid
 from flowrl.registry import ALGORITHMS, DATASETS, ENVIRONMENTS, HEADS, ConfigError
 from flowrl.samplers import SamplerConfig, build_sampler
 from flowrl.trainer import checkpoint as ckpt
+from flowrl.trainer import closed_loop
 from flowrl.trainer.ema import EMA
 from flowrl.trainer.logging import MetricsLogger, plot_curves
 from flowrl.trainer.report import format_report, group_means, round_metrics
@@ -169,52 +170,7 @@ class Trainer:
 
     def _rollout_closed_loop(self, it: int, items, samples: Sequence[int], group: int, group_ids: Tensor,
                              sample_ids: Tensor):
-        """Two-layer rollout. Without candidates, each (episode, env step) chain becomes a row
-        whose reward is the episode's return (the environment is the reward) and groups
-        are the episodes of an item; with the environment's ``candidates_per_state`` = G
-        (which must equal the algorithm's group size), each item runs ONE episode, every
-        state gets G scored candidates (the best is executed) and a group is one
-        (episode, env step). Rows after an episode ended are invalid. Returns (rollout
-        dict, CompositeOutput-like, group ids [rows], sample ids [rows])."""
-        from rewards.base import CompositeOutput
-
-        c = self.cfg
-        cand = int(getattr(c.env, "candidates_per_state", 0) or 0)
-        e = c.env.num_env_steps
-        if cand and cand != group:
-            raise ConfigError(f"algorithm.group_size: per-state groups need group_size == env.candidates_per_state "
-                              f"({group} != {cand}); set both to the same G")
-        loop = ClosedLoop(self.head, self.sampler, self.chain, e, velocity_fn=self.model, candidates_per_state=cand)
-        if cand:  # one episode per item; candidates (not episodes) fill the group
-            keep = [i for i, j in enumerate(samples) if j % group == 0]
-            prompts = [samples[i] // group for i in keep]
-            items = [items[i] for i in keep]
-
-            def gens(env_step: int):
-                return [rng.generator(c.seed, rng.STREAM_CHAIN, it, p, m, env_step) for p in prompts for m in range(cand)]
-
-            seeds = [rng.derive_seed(c.seed, rng.STREAM_INIT, it, p) for p in prompts]
-            res = loop.rollout(self.env, items, seeds, gens)
-            total, valid = res.scores.float(), res.score_valid
-            state_ids = (group_ids[keep].repeat_interleave(e) * e + torch.arange(e).repeat(len(keep)))
-            group_ids = state_ids.repeat_interleave(cand)
-            sample_ids = group_ids * cand + torch.arange(cand).repeat(len(keep) * e)
-            per, per_valid = {"candidate": total}, {"candidate": valid}
-        else:
-            def gens(env_step: int):
-                return [rng.generator(c.seed, rng.STREAM_CHAIN, it, j // group, j % group, env_step) for j in samples]
-
-            seeds = [rng.derive_seed(c.seed, rng.STREAM_INIT, it, j // group) for j in samples]
-            res = loop.rollout(self.env, items, seeds, gens)
-            total = res.returns.repeat_interleave(e, dim=0).float()
-            valid = res.alive.view(-1, *([1] * (total.ndim - 1))).expand_as(total)
-            group_ids, sample_ids = group_ids.repeat_interleave(e), sample_ids.repeat_interleave(e)
-            per, per_valid = {"return": total}, {"return": valid}
-        metrics = {"episode_return": float(res.returns.float().mean())}
-        scored = CompositeOutput(total, valid, per, per_valid, metrics)
-        out = {"states": res.states, "times": res.times, "log_probs": res.log_probs, "velocities": None,
-               "cond": res.cond}
-        return out, scored, group_ids, sample_ids
+        return closed_loop.rollout(self, it, items, samples, group, group_ids, sample_ids)
 
     def _generators(self, it: int, samples: Sequence[int], group: int, shared: bool):
         c = self.cfg
@@ -467,39 +423,8 @@ class Trainer:
                 self.head.save_samples(torch.stack([r[2] for r in rows]), [r[1] for r in rows],
                                        self.cfg.output_dir, tag)
 
-    @torch.no_grad()
     def _evaluate_closed_loop(self, seed: int, tag: Optional[str] = None) -> Dict[str, float]:
-        """Mean episode return on the eval items with the evaluation sampler (one chain per
-        state, no candidates: the planner's own quality), plus the environment's
-        ``episode_metrics(state)`` when it has them (averaged over episodes), and its
-        ``save_rollouts(state, output_dir, tag)`` drawings (main process) when ``tag`` is given."""
-        c = self.cfg
-        all_items = list(self.data.eval_items())[: c.eval.num_items]
-        spi = c.eval.samples_per_item
-        mine = list(range(self.rank, len(all_items) * spi, self.world))
-        times = self.eval_times()
-        loop = ClosedLoop(self.head, self.eval_sampler, self.chain, c.env.num_env_steps,
-                          velocity_fn=self.model, times=times)
-        ctx = self.ema.applied() if self.ema is not None else nullcontext()
-        with ctx:
-            res = loop.rollout(self.env, [all_items[j // spi] for j in mine],
-                               [rng.derive_seed(seed, rng.STREAM_EVAL, j) for j in mine],
-                               lambda e: [rng.generator(seed, rng.STREAM_EVAL, j, e) for j in mine])
-        ret = res.returns.float().reshape(len(mine), -1).mean(dim=1)
-        extra = self.env.episode_metrics(res.final_state) if hasattr(self.env, "episode_metrics") and mine else {}
-        keys = sorted(extra)
-        if self.world > 1:  # every rank must reduce the same keys
-            from accelerate.utils import gather_object
-
-            keys = sorted({k for part in gather_object([keys]) for k in part})
-        vals = [float(ret.sum()), float(len(mine))] + [float(extra.get(k, 0.0)) * len(mine) for k in keys]
-        packed = self._all_sum(torch.tensor(vals, dtype=torch.float64)).cpu()
-        n = packed[1].clamp(min=1)
-        out = {"return": float(packed[0] / n)}
-        out.update({k: float(v / n) for k, v in zip(keys, packed[2:])})
-        if tag is not None and self.is_main and hasattr(self.env, "save_rollouts"):
-            self.env.save_rollouts(res.final_state, c.output_dir, tag)
-        return out
+        return closed_loop.evaluate(self, seed, tag)
 
     # ------------------------------------------------------------------ run
     def _prepare_output_dir(self) -> Optional[str]:
