@@ -1,11 +1,17 @@
-"""SD1.5-style UNets (``StableDiffusionPipeline``): epsilon prediction, sampled with DDIM(eta).
+"""SD1.5-style UNets (``StableDiffusionPipeline``): epsilon/DDIM, or velocity when the
+pipeline's scheduler is a flow-matching one.
 
-The UNet's output is epsilon, so the head declares ``prediction = "epsilon"`` and the
-trainer pairs it with ``DDIMSampler`` (sampler.name: ddim), whose Gaussian steps have
-exact log-probs (DDPO's construction). flowrl time t maps to the train timestep
-tau = round(t * N) - 1 (see ``flowrl.samplers.ddim``); the time grid follows the
-pipeline's scheduler (its timesteps and, with ``set_alpha_to_one=False``, a last step
-to tau = 0 instead of a clean alpha of 1).
+- The usual case, a DDPM-trained UNet whose output is epsilon: the head declares
+  ``prediction = "epsilon"`` and the trainer pairs it with ``DDIMSampler`` (sampler.name:
+  ddim), whose Gaussian steps have exact log-probs (DDPO's construction). flowrl time t maps
+  to the train timestep tau = round(t * N) - 1 (see ``flowrl.samplers.ddim``); the time grid
+  follows the pipeline's scheduler (its timesteps and, with ``set_alpha_to_one=False``, a
+  last step to tau = 0 instead of a clean alpha of 1).
+- A UNet trained with rectified flow (the pipeline folder names a
+  ``FlowMatchEulerDiscreteScheduler``, as the shapes world's model does): the UNet predicts
+  the velocity eps - x0 at timestep N t, exactly like SD3's transformer, so the head declares
+  ``prediction = "velocity"`` and every flow sampler (ODE, SDE, churn) and FDFO apply; the
+  time grid is the scheduler's (shifted) sigmas.
 """
 from __future__ import annotations
 
@@ -18,6 +24,11 @@ from flowrl.heads.t2i.head import T2IHead
 Tensor = torch.Tensor
 
 
+def is_flow_scheduler(scheduler) -> bool:
+    """True for diffusers' flow-matching schedulers (``FlowMatch*``), whose models predict velocity."""
+    return type(scheduler).__name__.startswith("FlowMatch")
+
+
 class SDHead(T2IHead):
     pipeline_class = "StableDiffusionPipeline"
     denoiser_name = "unet"
@@ -26,11 +37,13 @@ class SDHead(T2IHead):
 
     def __init__(self, config):
         super().__init__(config)
-        from diffusers import DDIMScheduler
+        self.num_train_timesteps = int(self.pipe.scheduler.config.num_train_timesteps)
+        if is_flow_scheduler(self.pipe.scheduler):
+            self.prediction = "velocity"
+        else:
+            from diffusers import DDIMScheduler
 
-        self.ddim = DDIMScheduler.from_config(self.pipe.scheduler.config)
-        self.alphas_cumprod = self.ddim.alphas_cumprod.clone()
-        self.num_train_timesteps = int(self.ddim.config.num_train_timesteps)
+            self.alphas_cumprod = DDIMScheduler.from_config(self.pipe.scheduler.config).alphas_cumprod.clone()
 
     def load_kwargs(self):
         return {"safety_checker": None, "requires_safety_checker": False}
@@ -44,13 +57,24 @@ class SDHead(T2IHead):
         return (self.denoiser.config.in_channels, side, side)
 
     def denoise(self, x, t, cond):
-        tau = (t.double() * self.num_train_timesteps).round() - 1
-        return self.denoiser(x, tau.to(x.device), encoder_hidden_states=cond["prompt_embeds"], return_dict=False)[0]
+        if self.prediction == "velocity":
+            tau = (t * self.num_train_timesteps).to(x.device, x.dtype)
+        else:
+            tau = ((t.double() * self.num_train_timesteps).round() - 1).to(x.device)
+        return self.denoiser(x, tau, encoder_hidden_states=cond["prompt_embeds"], return_dict=False)[0]
 
     def decode_latents(self, x):
-        return self.pipe.vae.decode(x / self.pipe.vae.config.scaling_factor, return_dict=False)[0]
+        vae = self.pipe.vae
+        shift = getattr(vae.config, "shift_factor", None) or 0.0
+        return vae.decode(x / vae.config.scaling_factor + shift, return_dict=False)[0]
 
     def time_grid(self, num_steps: int) -> Optional[Tensor]:
+        if self.prediction == "velocity":
+            from diffusers import FlowMatchEulerDiscreteScheduler
+
+            sched = FlowMatchEulerDiscreteScheduler.from_config(self.pipe.scheduler.config)
+            sched.set_timesteps(num_steps, device="cpu")
+            return sched.sigmas.float().cpu()
         from diffusers import DDIMScheduler
 
         sched = DDIMScheduler.from_config(self.pipe.scheduler.config)

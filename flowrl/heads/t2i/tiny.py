@@ -91,9 +91,10 @@ def build_tiny_flux(directory: str, seed: int = 0) -> str:
     return directory
 
 
-def build_tiny_sd(directory: str, seed: int = 0) -> str:
-    """A tiny StableDiffusionPipeline (CLIP text encoder, UNet, VAE, DDIM scheduler)."""
-    from diffusers import DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+def build_tiny_sd(directory: str, seed: int = 0, flow: bool = False) -> str:
+    """A tiny StableDiffusionPipeline (CLIP text encoder, UNet, VAE, DDIM scheduler; with
+    ``flow`` a ``FlowMatchEulerDiscreteScheduler``: a velocity-predicting UNet)."""
+    from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler, StableDiffusionPipeline, UNet2DConditionModel
 
     torch.manual_seed(seed)
     unet = UNet2DConditionModel(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
@@ -101,8 +102,9 @@ def build_tiny_sd(directory: str, seed: int = 0) -> str:
                                 up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=32,
                                 attention_head_dim=4, norm_num_groups=8).eval()
     tok = build_clip_tokenizer(os.path.join(directory, "_tok"), NUM_MERGES)
-    sched = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
-                          set_alpha_to_one=False, steps_offset=1)
+    sched = FlowMatchEulerDiscreteScheduler(shift=3.0) if flow else DDIMScheduler(
+        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False, set_alpha_to_one=False,
+        steps_offset=1)
     pipe = StableDiffusionPipeline(unet=unet, scheduler=sched, vae=_vae(4, blocks=(8, 8)),
                                    text_encoder=_clip_text(False, seed=seed + 1), tokenizer=tok,
                                    safety_checker=None, feature_extractor=None, requires_safety_checker=False)
