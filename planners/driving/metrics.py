@@ -30,11 +30,12 @@ class RewardWeights:
     ttc: float = 0.0
     comfort: float = 0.0
     progress_clip: float = 1.5  # normalised progress above this earns nothing more
+    at_fault: bool = False  # penalise only at-fault collisions (``sim.at_fault``)
 
     @staticmethod
     def from_env(config) -> "RewardWeights":
         return RewardWeights(config.w_collision, config.w_offroad, config.w_progress, config.w_ttc, config.w_comfort,
-                             getattr(config, "progress_clip", 1.5))
+                             getattr(config, "progress_clip", 1.5), getattr(config, "collision_reward", "any") == "at_fault")
 
 
 def normalised_progress(progress: Tensor, expected: Tensor, clip: float = 1.5) -> Tensor:
@@ -62,7 +63,8 @@ def dense_reward_terms(collision: Tensor, offroad: Tensor, progress: Tensor, exp
 def dense_reward(chunk, config=None, weights: Optional[RewardWeights] = None) -> Tensor:
     """Dense reward [B, A] of a ``sim.ChunkRecord`` (weights from the env config or given)."""
     w = weights or (RewardWeights.from_env(config) if config is not None else RewardWeights())
-    return dense_reward_terms(chunk.collision, chunk.offroad, chunk.progress, chunk.expected, chunk.ttc_unsafe,
+    collision = chunk.collision_at_fault if w.at_fault else chunk.collision
+    return dense_reward_terms(collision, chunk.offroad, chunk.progress, chunk.expected, chunk.ttc_unsafe,
                               chunk.comfort, w)
 
 
@@ -94,13 +96,14 @@ def episode_metrics(record, s_start: Optional[Tensor] = None, s_end: Optional[Te
 
     s_start, s_end, route_length: [B, A] for route completion; expert_pos [B, A, E, 2] the
     expert's positions at the same ticks for ADE. Returns
-    collision_rate, offroad_rate, avg_speed, progress (normalised), ttc_unsafe_frac,
+    collision_rate, at_fault_collision_rate, offroad_rate, avg_speed, progress (normalised), ttc_unsafe_frac,
     comfort_violation_frac, and route_completion / ade when their inputs are given.
     """
     v = record.valid
     vt = v[..., None].expand_as(record.speed)
     out = {
         "collision_rate": _mean(record.collision.any(-1), v),
+        "at_fault_collision_rate": _mean(record.collision_at_fault.any(-1), v),
         "offroad_rate": _mean(record.offroad.any(-1), v),
         "avg_speed": _mean(record.speed, vt),
         "progress": _mean(normalised_progress(record.progress, record.expected), v),

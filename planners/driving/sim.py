@@ -53,6 +53,8 @@ class DrivingEnvConfig:
     offroad_tolerance: float = hfield(0.0, "metres a corner may exceed half the lane width before off-road")
     ttc_threshold: float = hfield(1.5, "time-to-collision (s) counted as unsafe")
     w_collision: float = hfield(8.0, "reward weight of a collision in the executed horizon (SCORP)")
+    collision_reward: str = hfield("any", "collisions the reward penalises: any (SCORP: both vehicles) or at_fault "
+                                          "(not a vehicle hit from behind; metrics count every collision)")
     w_offroad: float = hfield(1.0, "reward weight of leaving the road in the executed horizon (SCORP)")
     w_progress: float = hfield(4.0, "reward weight of normalised progress (SCORP)")
     w_ttc: float = hfield(0.0, "reward weight of the fraction of ticks with TTC below ttc_threshold")
@@ -74,6 +76,8 @@ class DrivingEnvConfig:
             raise ValueError("env.execute_steps must be in [1, episode_steps]")
         if self.candidates_per_state < 0 or self.score_steps < 0:
             raise ValueError("env.candidates_per_state and env.score_steps must be >= 0")
+        if self.collision_reward not in ("any", "at_fault"):
+            raise ValueError("env.collision_reward must be 'any' or 'at_fault'")
         if self.candidates_per_state == 1:
             raise ValueError("env.candidates_per_state: use 0 (episode groups) or >= 2 (per-state groups)")
 
@@ -87,12 +91,13 @@ class DrivingEnvConfig:
 class ChunkRecord:
     """Per-tick records of the controlled slots over one executed chunk (``E`` ticks).
 
-    collision/offroad/ttc_unsafe/comfort: [B, A, E] bool; speed/accel/curvature: [B, A, E];
+    collision/collision_at_fault/offroad/ttc_unsafe/comfort: [B, A, E] bool (``sim.at_fault``); speed/accel/curvature: [B, A, E];
     pos: [B, A, E, 2]; progress: [B, A] metres gained; expected: [B, A] metres at the
     agent's desired speed (normaliser of progress); valid: [B, A] controlled and present.
     """
 
     collision: Tensor
+    collision_at_fault: Tensor
     offroad: Tensor
     ttc_unsafe: Tensor
     comfort: Tensor
@@ -175,14 +180,33 @@ def project_on_route(bank: Tensor, route_id: Tensor, s_prev: Tensor, pos: Tensor
 
 
 # --------------------------------------------------------------------------- checks
-def collisions(pos: Tensor, heading: Tensor, length: Tensor, width: Tensor, alive: Tensor, a: int) -> Tensor:
-    """[B, A] bool: controlled slot i's box overlaps any other present vehicle's box."""
+def collision_pairs(pos: Tensor, heading: Tensor, length: Tensor, width: Tensor, alive: Tensor, a: int) -> Tensor:
+    """[B, A, N] bool: controlled slot i's box overlaps present vehicle j's box (j != i)."""
     n = pos.shape[1]
     ov = geo.boxes_overlap(pos[:, :a, None], heading[:, :a, None], length[:, :a, None], width[:, :a, None],
                            pos[:, None], heading[:, None], length[:, None], width[:, None])
     ov &= alive[:, :a, None] & alive[:, None, :]
     ov &= ~torch.eye(a, n, dtype=torch.bool, device=pos.device)
-    return ov.any(-1)
+    return ov
+
+
+def collisions(pos: Tensor, heading: Tensor, length: Tensor, width: Tensor, alive: Tensor, a: int) -> Tensor:
+    """[B, A] bool: controlled slot i's box overlaps any other present vehicle's box."""
+    return collision_pairs(pos, heading, length, width, alive, a).any(-1)
+
+
+def at_fault(pairs: Tensor, pos: Tensor, heading: Tensor) -> Tensor:
+    """[B, A] bool: slot i collides with a vehicle whose centre is not behind i's centre.
+
+    pairs [B, A, N] from ``collision_pairs``; pos [B, N, 2], heading [B, N]. A vehicle hit
+    only from behind (every partner's centre has a negative coordinate along i's heading)
+    is not at fault: the rule of thumb of rear-end blame (nuPlan also scores at-fault collisions).
+    """
+    a = pairs.shape[1]
+    rel = pos[:, None] - pos[:, :a, None]  # [B, A, N, 2]
+    fwd = torch.stack([heading[:, :a].cos(), heading[:, :a].sin()], -1)[:, :, None]
+    ahead = (rel * fwd).sum(-1) >= 0
+    return (pairs & ahead).any(-1)
 
 
 def offroad(pos: Tensor, heading: Tensor, length: Tensor, width: Tensor, seg_a: Tensor, seg_b: Tensor,
@@ -433,8 +457,10 @@ class DrivingEnv:
                       route_id=route_id, alive=alive, history=history, tick=state.tick + 1)
         # -- checks for the controlled slots
         seg = segments if segments is not None else self.segments(sc)
+        pairs = collision_pairs(pos, heading, length, width, alive, a)
         rec = {
-            "collision": collisions(pos, heading, length, width, alive, a) & ctrl[:, :a],
+            "collision": pairs.any(-1) & ctrl[:, :a],
+            "collision_at_fault": at_fault(pairs, pos, heading) & ctrl[:, :a],
             "offroad": offroad(pos[:, :a], heading[:, :a], length[:, :a], width[:, :a], *seg,
                                candidates=cfg.offroad_candidates, tolerance=cfg.offroad_tolerance) & ctrl[:, :a],
             "ttc": time_to_collision(pos, vel, 0.5 * width + 0.5, alive, a),
@@ -506,7 +532,7 @@ def stack_records(recs, state: SimState, config: DrivingEnvConfig, s_before: Ten
     s_hist = st("s")
     v_ref = sc.idm[:, :a, 0]
     return ChunkRecord(
-        collision=st("collision"), offroad=st("offroad"), ttc_unsafe=st("ttc") < config.ttc_threshold,
+        collision=st("collision"), collision_at_fault=st("collision_at_fault"), offroad=st("offroad"), ttc_unsafe=st("ttc") < config.ttc_threshold,
         comfort=(accel.abs() > 6.0) | (curv.abs() > 0.3), speed=st("speed"), accel=accel, curvature=curv,
         pos=torch.stack([r["pos"] for r in recs], 2), progress=(s_hist[..., -1] - s_before) * valid,
         expected=v_ref * DT * e, valid=valid,

@@ -68,6 +68,16 @@ def test_sim_flags_a_collision_and_leaving_the_road():
     assert rec["collision"][0, 0]
 
 
+def test_rear_end_blame_falls_on_the_follower():
+    env = DrivingEnv()
+    # the controlled car (slot 0) is hit from behind by the background car: not at fault
+    _, rec = env.tick(env.reset_scene(straight_scene(22.0, 20.0, 10.0)), torch.zeros(1, 1, 2))
+    assert rec["collision"][0, 0] and not rec["collision_at_fault"][0, 0]
+    # the controlled car drives into the background car ahead of it: at fault
+    _, rec = env.tick(env.reset_scene(straight_scene(20.0, 22.0, 10.0)), torch.zeros(1, 1, 2))
+    assert rec["collision"][0, 0] and rec["collision_at_fault"][0, 0]
+
+
 def test_scene_determinism_and_layout():
     cfg = SceneConfig()
     a, b = make_scene(5, cfg), make_scene(5, cfg)
@@ -124,3 +134,6 @@ def test_dense_reward_weights():
     off = torch.tensor([[[False, False], [True, True]]])
     r = dense_reward_terms(col, off, torch.tensor([[2.0, 4.0]]), torch.tensor([[4.0, 4.0]]), weights=RewardWeights())
     assert torch.allclose(r, torch.tensor([[-8.0 + 4 * 0.5, -1.0 + 4 * 1.0]]))
+    # at_fault: the dense reward reads the at-fault flags instead of every collision
+    cfg = DrivingEnvConfig(collision_reward="at_fault")
+    assert RewardWeights.from_env(cfg).at_fault and not RewardWeights.from_env(DrivingEnvConfig()).at_fault
