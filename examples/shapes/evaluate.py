@@ -39,8 +39,8 @@ def load_head(model: str, guidance_scale: float = 1.0, lora: str = ""):
     """The t2i head on a shapes pipeline folder (the config a demo recipe uses)."""
     from flowrl.heads.t2i import T2IHeadConfig, build_t2i_head
 
-    head = build_t2i_head(T2IHeadConfig(family="sd3", path=model, resolution=32, max_sequence_length=2,
-                                        guidance_scale=guidance_scale, lora_rank=0))
+    head = build_t2i_head(T2IHeadConfig(family="sd", path=model, resolution=32, guidance_scale=guidance_scale,
+                                        lora_rank=0))
     if lora:
         head.pipe.load_lora_weights(lora)
     return head.eval()

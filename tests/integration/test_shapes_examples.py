@@ -24,7 +24,9 @@ def _run(*args):
 def test_pretrain_and_evaluate_scripts(tmp_path):
     model = tmp_path / "model"
     _run("examples/shapes/pretrain.py", "--output-dir", model, "--steps", "3", "--scenes-per-prompt", "2",
-         "--eval-every", "0", "--eval-per-category", "1", "--eval-steps", "2", "--layers", "1", "--threads", "1", "--ema", "0.9", "--shift", "3")
+         "--eval-every", "0", "--eval-per-category", "1", "--eval-steps", "2", "--eval-guidance", "1", "--channels", "8", "8",
+         "--attn", "0", "1", "--groups", "4", "--head-dim", "8", "--text-dim", "16", "--threads", "1", "--ema", "0.9",
+         "--shift", "2")
     _run("examples/shapes/evaluate.py", "--model", model, "--per-category", "1", "--num-steps", "2",
          "--out", tmp_path / "eval.json", "--threads", "1")
     metrics = json.loads((tmp_path / "eval.json").read_text())
@@ -34,14 +36,15 @@ def test_pretrain_and_evaluate_scripts(tmp_path):
     from flowrl.heads.t2i import T2IHeadConfig, build_t2i_head
     from rewards.shapes import world as W
 
-    head = build_t2i_head(T2IHeadConfig(path=str(model), resolution=32, max_sequence_length=2, guidance_scale=1.0))
+    head = build_t2i_head(T2IHeadConfig(family="sd", path=str(model), resolution=32, guidance_scale=1.0))
+    assert head.prediction == "velocity"  # the flow scheduler in the folder makes the UNet a velocity model
     scenes = [W.random_scene(np.random.default_rng(i)) for i in range(4)]
     images = W.render_batch(scenes)
     vae = head.pipe.vae
     with torch.no_grad():
         latents = vae.encode(images * 2 - 1).latent_dist.mode()
-        latents = (latents - vae.config.shift_factor) * vae.config.scaling_factor
+        latents = latents * vae.config.scaling_factor  # the mean shift lives in the VAE's biases
     back = head.decode(latents, {})
     assert (back - images).abs().max() <= 1 / 255
     # --shift reaches the saved scheduler, which the head's time grid reads
-    assert head.pipe.scheduler.config.shift == 3.0
+    assert head.pipe.scheduler.config.shift == 2.0

@@ -53,7 +53,7 @@ def test_group_means_report_each_group_and_their_unweighted_mean():
 def test_a_shapes_run_reports_per_category_and_writes_captioned_grids_and_curves(tiny_pipelines, tmp_path):
     out = tmp_path / "run"
     cfg = load_config("configs/t2i/shapes_fdfo.yaml", [
-        f"head.path={tiny_pipelines['sd3']}", "head.max_sequence_length=16", "head.lora_rank=4", "head.lora_alpha=4",
+        "head.family=sd3", f"head.path={tiny_pipelines['sd3']}", "head.max_sequence_length=16", "head.lora_rank=4", "head.lora_alpha=4",
         "data.eval_per_category=1", "eval.num_items=6", "chain.num_steps=3", "eval.num_steps=3", "max_steps=2",
         "train.prompts_per_step=2", "train.micro_batch_size=4", "train.eval_every=1", "train.progress=false",
         "train.tensorboard=false", f"output_dir={out}"])
