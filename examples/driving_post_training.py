@@ -45,7 +45,7 @@ def main() -> None:
         algorithm=VGGRPOConfig(group_size=g, std1=1.0, std2=2.0, num_minibatches=1 if args.tiny else 2),
         data=DrivingScenesConfig(num_eval=4 if args.tiny else 64),
         env=DrivingEnvConfig(episode_steps=10 if args.tiny else 40, execute_steps=5, candidates_per_state=g,
-                             score_steps=10 if args.tiny else 20, progress_clip=1.0,
+                             score_steps=10 if args.tiny else 20, progress_clip=1.0, collision_reward="at_fault",
                              render_scenes=1 if args.tiny else 3),
         eval=EvalConfig(num_items=4 if args.tiny else 64, samples_per_item=1),
         optim=OptimConfig(lr=1e-4, weight_decay=0.0),
