@@ -18,7 +18,7 @@ from flowrl.heads.t2i.tiny import build_tiny_sd  # noqa: E402
 from flowrl.mdp import sample_chain  # noqa: E402
 from flowrl.samplers import EulerSampler, FlowSDESampler  # noqa: E402
 from flowrl.trainer import Trainer  # noqa: E402
-from tests.t2i.conftest import head_config  # noqa: E402
+from tests.t2i.conftest import assert_rescoring_gives_ratio_one, head_config  # noqa: E402
 from tests.t2i.test_t2i_training import tiny_overrides  # noqa: E402
 
 PROMPTS = ["a red circle", "two blue squares left of a green triangle"]
@@ -63,15 +63,7 @@ def test_flow_unet_matches_diffusers_scheduler_loop(flow_unet, scale):
 def test_flow_unet_rescoring_gives_ratio_one_and_passes_the_head_contract(flow_unet, tmp_path):
     head = build_t2i_head(head_config("sd", flow_unet, guidance_scale=4.5))
     sampler = FlowSDESampler.flow_grpo(0.7)
-    cond = head.encode(PROMPTS)
-    times = head.time_grid(4)
-    res = sample_chain(head.velocity, sampler, head.init_noise(cond, _gens(2)), cond, times, _gens(2, 10))
-    for k in range(4):
-        x, x_next = res["states"][:, k], res["states"][:, k + 1]
-        t, t_next = times[k].expand(2), times[k + 1].expand(2)
-        out = sampler.step(head.velocity(x, t, cond), x, t, t_next, x_next=x_next)
-        d = x[0].numel()
-        assert torch.allclose(out.log_prob / d, res["log_probs"][:, k] / d, atol=1e-5, rtol=0)
+    assert_rescoring_gives_ratio_one(head, sampler, PROMPTS)
     check_head_contract(head, PROMPTS + ["a third prompt"], str(tmp_path / "saved"))
 
 

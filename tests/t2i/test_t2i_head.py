@@ -10,7 +10,7 @@ from flowrl.heads.base import check_head_contract  # noqa: E402
 from flowrl.heads.t2i import build_t2i_head, family_class  # noqa: E402
 from flowrl.mdp import sample_chain  # noqa: E402
 from flowrl.samplers import DDIMSampler, EulerSampler, FlowSDESampler  # noqa: E402
-from tests.t2i.conftest import FAMILIES, head_config  # noqa: E402
+from tests.t2i.conftest import FAMILIES, assert_rescoring_gives_ratio_one, head_config  # noqa: E402
 
 PROMPTS = ["a red circle", "two blue squares left of a green triangle"]
 
@@ -54,15 +54,7 @@ def test_parity_with_the_diffusers_pipeline(family, scale, tiny_pipelines):
 def test_rescoring_a_rollout_gives_ratio_one(family, tiny_pipelines):
     head = build_t2i_head(head_config(family, tiny_pipelines[family], guidance_scale=4.5))
     sampler = DDIMSampler(head.alphas_cumprod, eta=1.0) if family == "sd" else FlowSDESampler.flow_grpo(0.7)
-    cond = head.encode(PROMPTS)
-    times = head.time_grid(4)
-    res = sample_chain(head.velocity, sampler, head.init_noise(cond, _gens(2)), cond, times, _gens(2, 10))
-    for k in range(4):
-        x, x_next = res["states"][:, k], res["states"][:, k + 1]
-        t, t_next = times[k].expand(2), times[k + 1].expand(2)
-        out = sampler.step(head.velocity(x, t, cond), x, t, t_next, x_next=x_next)
-        d = x[0].numel()
-        assert torch.allclose(out.log_prob / d, res["log_probs"][:, k] / d, atol=1e-5, rtol=0)
+    assert_rescoring_gives_ratio_one(head, sampler, PROMPTS)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
