@@ -91,7 +91,8 @@ class DrivingEnvConfig:
 class ChunkRecord:
     """Per-tick records of the controlled slots over one executed chunk (``E`` ticks).
 
-    collision/collision_at_fault/offroad/ttc_unsafe/comfort: [B, A, E] bool (``sim.at_fault``); speed/accel/curvature: [B, A, E];
+    collision/collision_at_fault (``at_fault``)/offroad/ttc_unsafe/comfort: [B, A, E] bool;
+    speed/accel/curvature: [B, A, E];
     pos: [B, A, E, 2]; progress: [B, A] metres gained; expected: [B, A] metres at the
     agent's desired speed (normaliser of progress); valid: [B, A] controlled and present.
     """
@@ -188,11 +189,6 @@ def collision_pairs(pos: Tensor, heading: Tensor, length: Tensor, width: Tensor,
     ov &= alive[:, :a, None] & alive[:, None, :]
     ov &= ~torch.eye(a, n, dtype=torch.bool, device=pos.device)
     return ov
-
-
-def collisions(pos: Tensor, heading: Tensor, length: Tensor, width: Tensor, alive: Tensor, a: int) -> Tensor:
-    """[B, A] bool: controlled slot i's box overlaps any other present vehicle's box."""
-    return collision_pairs(pos, heading, length, width, alive, a).any(-1)
 
 
 def at_fault(pairs: Tensor, pos: Tensor, heading: Tensor) -> Tensor:
