@@ -38,6 +38,9 @@ class FDFOConfig(AlgorithmConfig):
     eps: float = hfield(0.03, "trust-region width eps of the surrogate")
     base_weight: float = hfield(0.0, "lambda: weight of ||v_theta - v_base||^2 to the starting policy")
     delta_floor: float = hfield(1e-8, "floor on mean(delta^2) when normalising (identical branches)")
+    skip_ties: bool = hfield(True, "leave pairs with equal rewards out of the update: their loss and gradient are "
+                                   "exactly zero (unless base_weight > 0), so this only saves their forward/backward "
+                                   "and averages over the informative pairs")
 
     @property
     def group_size(self) -> int:
@@ -109,6 +112,8 @@ class FDFO(Algorithm):
                  "v_target": units["v_old"] - delta_hat[idx],
                  "l_ref": l_ref[idx], "d_r": traj.advantages[idx]}
         keep = traj.weights[idx] > 0
+        if self.config.skip_ties and self.config.base_weight == 0:
+            keep &= traj.advantages[idx] != 0
         return {k: v[keep] for k, v in units.items()}
 
     def loss(self, units, cond, policy: Policy, generator=None):

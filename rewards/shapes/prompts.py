@@ -334,23 +334,31 @@ class ShapesPromptsConfig:
 
     name: str = hfield("shapes_prompts", "data source name")
     split_seed: int = hfield(0, "seed of split_prompts (which non-held-out prompts go to pretrain vs train)")
-    train_split: str = hfield("train", "training prompts: train (the RL split, never pretrained on) or pretrain")
+    train_split: str = hfield("train", "training prompts: train (the RL split, never pretrained on), pretrain, or all "
+                                       "(both: every prompt that is not held out)")
     eval_per_category: int = hfield(16, "held-out evaluation items per category (balanced; prompts cycled)")
+    balance_train: bool = hfield(False, "draw training prompts category-balanced, like the evaluation (each "
+                                        "category's prompts cycled to the largest category's count); False: "
+                                        "uniform over prompts, where color_attr is 70% of the RL split")
 
     def __post_init__(self) -> None:
-        if self.train_split not in ("train", "pretrain"):
-            raise ConfigError(f"data.train_split: '{self.train_split}' is not one of train, pretrain")
+        if self.train_split not in ("train", "pretrain", "all"):
+            raise ConfigError(f"data.train_split: '{self.train_split}' is not one of train, pretrain, all")
         if self.eval_per_category < 1:
             raise ConfigError(f"data.eval_per_category: must be >= 1, got {self.eval_per_category}")
 
 
 class ShapesPrompts(ItemSource):
-    """train_items: the ``train_split`` prompts; eval_items: the held-out prompts,
+    """train_items: the ``train_split`` prompts (with ``balance_train``, cycled per category
+    to equal counts); eval_items: the held-out prompts,
     ``eval_per_category`` per category (``balanced``), so evaluation means are category means."""
 
     def __init__(self, config: ShapesPromptsConfig):
         split = split_prompts(config.split_seed)
-        self._train = split[config.train_split]
+        self._train = split["pretrain"] + split["train"] if config.train_split == "all" else split[config.train_split]
+        if config.balance_train:
+            counts = [sum(it["category"] == c for it in self._train) for c in CATEGORIES]
+            self._train = balanced(self._train, max(counts))
         self._eval = balanced(split["eval"], config.eval_per_category)
 
     def train_items(self) -> List[Dict[str, Any]]:

@@ -209,6 +209,37 @@ def satisfies(detections: Sequence[Detection], item: Dict[str, Any], strict: boo
     return True
 
 
+def _count_credit(found: int, want: int, exact: bool) -> float:
+    """1 at the right count, falling linearly: exact counts are penalised both ways."""
+    if exact:
+        return 1.0 - abs(found - want) / max(found, want)
+    return min(found, want) / want
+
+
+def credit(detections: Sequence[Detection], item: Dict[str, Any], strict: bool = True) -> float:
+    """Partial credit in [0, 1] of the detected objects for the prompt ``item``; 1.0 exactly
+    when ``satisfies`` holds.
+
+    The mean of the checks ``satisfies`` makes: one count check per object spec (found
+    objects of that shape and colour against the count, see ``_count_credit``); with
+    ``strict``, the share of detections the prompt names and the total count; the relation
+    (0 or 1) when there is one.
+    """
+    objects = item["objects"]
+    groups = [[d for d in detections if _matches(d, o)] for o in objects]
+    terms = [_count_credit(len(g), o["count"], strict or item.get("category") == "counting")
+             for o, g in zip(objects, groups)]
+    if strict:
+        named = sum(any(_matches(d, o) for o in objects) for d in detections)
+        terms.append(named / len(detections) if detections else 0.0)
+        terms.append(_count_credit(len(detections), sum(o["count"] for o in objects), True))
+    rel = item.get("relation")
+    if rel:
+        a, b = groups[0], groups[1]
+        terms.append(float(any(relation_holds((x.cx, x.cy), (y.cx, y.cy), rel) for x in a for y in b if x is not y)))
+    return float(np.mean(terms))
+
+
 def _to_hwc255(images: torch.Tensor) -> np.ndarray:
     """[B, 3, H, W] in [0, 1] -> float64 [B, H, W, 3] in 0..255."""
     x = torch.nan_to_num(check_images(images.detach()), nan=0.0)
@@ -216,9 +247,10 @@ def _to_hwc255(images: torch.Tensor) -> np.ndarray:
 
 
 def judge(images: torch.Tensor, items: Sequence[Any], strict: bool = True,
-          params: DetectParams = DetectParams()) -> Tuple[List[Optional[bool]], List[Optional[str]]]:
-    """Per-image verdicts: ([B] True/False, or None where the item is not a shapes prompt;
-    [B] category or None)."""
+          params: DetectParams = DetectParams(), partial: bool = False
+          ) -> Tuple[List[Optional[Any]], List[Optional[str]]]:
+    """Per-image verdicts: ([B] True/False -- or with ``partial`` the ``credit`` in [0, 1] --
+    or None where the item is not a shapes prompt; [B] category or None)."""
     arr = _to_hwc255(images)
     if len(arr) != len(items):
         raise ValueError(f"{len(arr)} images but {len(items)} items")
@@ -230,7 +262,8 @@ def judge(images: torch.Tensor, items: Sequence[Any], strict: bool = True,
             verdicts.append(None)
             cats.append(None)
             continue
-        verdicts.append(satisfies(detect(img, params), spec, strict))
+        check = credit if partial else satisfies
+        verdicts.append(check(detect(img, params), spec, strict))
         cats.append(spec.get("category"))
     return verdicts, cats
 
@@ -273,6 +306,9 @@ class ShapesEvalConfig(RewardConfig):
                                      "(background to colour) for it to count as that colour")
     min_area: float = hfield(0.01, "components smaller than this share of the image are noise and ignored")
     min_iou: float = hfield(0.6, "soft IoU with the best-fitting shape template needed to recognise a shape")
+    partial: bool = hfield(False, "score partial credit in [0, 1] (the mean of the prompt's count, purity and "
+                                  "relation checks; 1 exactly when the image passes) instead of pass/fail: "
+                                  "a denser training signal; evaluate with the pass/fail default")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -286,7 +322,8 @@ class ShapesEvalConfig(RewardConfig):
 
 
 class ShapesEval(Reward):
-    """1.0 if the image satisfies its shapes prompt, else 0.0 -> [B].
+    """1.0 if the image satisfies its shapes prompt, else 0.0 -> [B] (with ``partial``:
+    ``credit``, in [0, 1], 1.0 exactly when it passes).
 
     Items are dicts from ``rewards.shapes.prompts`` (or plain prompt strings of its
     grammar, parsed). An item that is not a shapes prompt is invalid. ``info`` carries
@@ -297,11 +334,11 @@ class ShapesEval(Reward):
     def score(self, outputs: torch.Tensor, batch: Sequence[Any]) -> RewardOutput:
         c = self.config
         params = DetectParams(c.bg_tol, c.colour_tol, c.min_area, c.min_iou)
-        verdicts, cats = judge(outputs, batch, c.strict, params)
+        verdicts, cats = judge(outputs, batch, c.strict, params, c.partial)
         finite = torch.isfinite(outputs.reshape(outputs.shape[0], -1)).all(1).cpu()
-        score = torch.tensor([1.0 if v else 0.0 for v in verdicts], dtype=torch.float32)
+        score = torch.tensor([float(v) if v is not None else 0.0 for v in verdicts], dtype=torch.float32)
         valid = torch.tensor([v is not None for v in verdicts], dtype=torch.bool) & finite
-        acc = accuracy_by_category([v if ok else None for v, ok in zip(verdicts, valid.tolist())], cats)
+        acc = accuracy_by_category([v == 1 if ok else None for v, ok in zip(verdicts, valid.tolist())], cats)
         info: Dict[str, Any] = {f"acc/{k}": v for k, v in acc.items() if k != "overall"}
         info["groups"] = [cat or "not_a_shapes_prompt" for cat in cats]  # evaluation breaks scores down by category
         return RewardOutput(score, valid, info)
@@ -312,5 +349,5 @@ REWARDS.register("shapes_eval", ShapesEvalConfig,
                  )(ShapesEval)
 
 __all__ = ["Detection", "DetectParams", "colour_coverage", "connected_components", "classify_shape", "is_binary",
-           "detect", "satisfies", "judge", "accuracy_by_category", "evaluate", "soft_iou", "ShapesEvalConfig",
+           "detect", "satisfies", "credit", "judge", "accuracy_by_category", "evaluate", "soft_iou", "ShapesEvalConfig",
            "ShapesEval"]

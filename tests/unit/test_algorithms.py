@@ -300,6 +300,18 @@ def test_fdfo_make_units_targets():
     close(units["t"], torch.tensor([1.0, 0.5] * 4))
 
 
+def test_fdfo_skips_tied_pairs_unless_anchored():
+    traj = _fdfo_traj()
+    traj = traj.replace(rewards=torch.tensor([1.0, 3.0, 2.0, 2.0]))  # pair 1 ties: dR = 0
+    algo = FDFO(FDFOConfig())
+    traj, m = algo.compute_advantages(traj, {}, {}, {})
+    assert m["adv/zero_std_frac"] == 0.5
+    assert algo.make_units(traj, torch.arange(2))["sample_idx"].tolist() == [0, 0, 1, 1]
+    # off, or with the base anchor (whose term is not zero for a tie), every valid pair stays
+    for cfg in (FDFOConfig(skip_ties=False), FDFOConfig(base_weight=0.1)):
+        assert FDFO(cfg).make_units(traj, torch.arange(2))["sample_idx"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
 def test_fdfo_surrogate_hand_numbers():
     v_t = torch.tensor([[0.0, 0.0], [1.0, -1.0]])
     # unit 0: v - v* = (1, 0): l = -.5 = l_ref -> rho = 1, loss = -dR = -2

@@ -8,7 +8,7 @@ from flowrl.registry import ConfigError
 from rewards.base import REWARDS, build_reward
 from rewards.shapes import prompts as P
 from rewards.shapes import world as W
-from rewards.shapes.verifier import ShapesEvalConfig, detect, evaluate, satisfies
+from rewards.shapes.verifier import ShapesEvalConfig, credit, detect, evaluate, satisfies
 
 PER_CATEGORY = 40  # ground-truth scenes per category and anti-aliasing mode
 
@@ -107,6 +107,35 @@ def test_strict_and_lenient_semantics():
     assert not satisfies(dets, spec("a blue circle and a red square"), strict=False)
 
 
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])
+def test_partial_credit_is_one_exactly_when_the_image_passes(ground_truth, strict):
+    items, _, dets = ground_truth
+    rng = np.random.default_rng(5)
+    pairs = [(d, it) for d, it in zip(dets, items)]
+    pairs += [(d, P.item_spec(P.mismatch(it, kind, rng))) for d, it in zip(dets, items)
+              for kind in P.MISMATCHES[it["category"]]]
+    scores = np.array([credit(d, it, strict) for d, it in pairs])
+    passes = np.array([satisfies(d, it, strict) for d, it in pairs])
+    assert ((scores >= 0) & (scores <= 1)).all()
+    assert ((scores == 1.0) == passes).all()
+    assert 0 < scores[~passes].mean() < 1  # graded, not another pass/fail
+
+
+def test_partial_credit_hand_cases():
+    scene = W.Scene((W.Obj("circle", "red", 0.25, 0.25, 0.3), W.Obj("square", "blue", 0.75, 0.3, 0.3),
+                     W.Obj("circle", "green", 0.5, 0.75, 0.3)))
+    dets = detect(W.render(scene).astype(float))
+    spec = P.item_spec
+    # circle: 2 found for 1 wanted -> 1/2; square 1; named share 3/3; total 3 for 2 -> 2/3
+    assert credit(dets, spec("a circle and a square")) == pytest.approx((0.5 + 1 + 1 + 2 / 3) / 4)
+    assert credit(dets, spec("a circle and a square"), strict=False) == 1.0
+    # four circles wanted, two found: 1 - 2/4; named 2/3; total 3 for 4 -> 3/4
+    assert credit(dets, spec("four circles")) == pytest.approx((0.5 + 2 / 3 + 0.75) / 3)
+    # lenient: the red circle is left of the square, the square is not left of any circle
+    assert credit(dets, spec("a square left of a circle"), strict=False) == pytest.approx(2 / 3)
+    assert credit([], spec("a circle")) == 0.0
+
+
 def test_reward_is_registered_and_scores_batches():
     assert "shapes_eval" in REWARDS.names()
     reward = build_reward(ShapesEvalConfig())
@@ -124,6 +153,16 @@ def test_reward_is_registered_and_scores_batches():
     nan = images.clone()
     nan[0, 0, 0, 0] = float("nan")
     assert not bool(reward(nan, batch).valid[0])
+
+
+def test_partial_reward_scores_credit_and_reports_pass_rates():
+    reward = build_reward(ShapesEvalConfig(partial=True))
+    rng = np.random.default_rng(0)
+    item = P.parse_prompt("a circle above a diamond")
+    images = W.render_batch([P.sample_scene(item, rng)] * 2)
+    out = reward(images, [item, "a red circle"])
+    assert out.score[0] == 1.0 and 0.0 <= float(out.score[1]) < 1.0
+    assert out.info["acc/position"] == 1.0 and out.info["acc/colors"] == 0.0
 
 
 def test_config_validation():
