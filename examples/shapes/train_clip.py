@@ -5,7 +5,7 @@
 
 Writes ``OUTPUT_DIR/ShapesCLIP.json`` (the architecture, open_clip's JSON layout; its file
 stem is the model name) and ``OUTPUT_DIR/open_clip_model.safetensors`` (weights stored in
-float16 to halve the file; they load into the float32 model), plus ``retrieval.json``. The
+float16 to halve the file; they load into the float32 model), plus ``retrieval.json`` and ``reference_scores.json`` (see ``reference_scores``). The
 CLIP reward loads it with its normal open_clip path::
 
     rewards: [{name: clip, backend: open_clip, model_name: ShapesCLIP,
@@ -117,6 +117,40 @@ def retrieval(model, tokenizer, spec, items: Sequence[Dict[str, Any]], per_promp
     return {k: round(v, 4) for k, v in out.items()}
 
 
+def reward_config(clip_dir: str):
+    """The CLIP reward config that loads ShapesCLIP from ``clip_dir`` (open_clip backend)."""
+    from rewards.clip import ClipScoreConfig
+
+    return ClipScoreConfig(backend="open_clip", model_name=NAME, model_config=os.path.join(clip_dir, f"{NAME}.json"),
+                           pretrained=os.path.join(clip_dir, "open_clip_model.safetensors"))
+
+
+@torch.no_grad()
+def reference_scores(clip_dir: str) -> Dict[str, List[float]]:
+    """CLIP reward scores, through the reward's normal loader, of ground-truth renders of the
+    first held-out item of each category (scene seed [0, j]): against their own prompts
+    ("matched") and against the next category's prompt ("mismatched"). The stored sample
+    a committed ShapesCLIP must reproduce (``reference_scores.json``)."""
+    from rewards.base import build_reward
+    from rewards.shapes.prompts import balanced
+    from rewards.shapes.world import render_batch
+
+    items = balanced(split_prompts(0)["eval"], 1)
+    images = render_batch([sample_scene(it, np.random.default_rng([0, j])) for j, it in enumerate(items)])
+    reward = build_reward(reward_config(clip_dir))
+    rolled = items[1:] + items[:1]
+    return {"prompts": [it["prompt"] for it in items],
+            "matched": [round(float(v), 4) for v in reward(images, items).score],
+            "mismatched": [round(float(v), 4) for v in reward(images, rolled).score]}
+
+
+def write_reference(clip_dir: str) -> str:
+    path = os.path.join(clip_dir, "reference_scores.json")
+    with open(path, "w") as fh:
+        json.dump(reference_scores(clip_dir), fh, indent=2)
+    return path
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--output-dir", required=True, help="where ShapesCLIP.json + open_clip_model.safetensors go")
@@ -135,11 +169,17 @@ def parse_args(argv=None):
     ap.add_argument("--text-layers", type=int, default=3)
     ap.add_argument("--eval-per-prompt", type=int, default=4, help="held-out renders per eval prompt")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--write-reference", action="store_true",
+                    help="(re)write OUTPUT_DIR/reference_scores.json of an existing ShapesCLIP with 1 thread, then exit")
     return ap.parse_args(argv)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.write_reference:
+        torch.set_num_threads(1)
+        print(f"wrote {write_reference(args.output_dir)}")
+        return
     torch.set_num_threads(args.threads)
     import open_clip
     from safetensors.torch import save_file
@@ -213,7 +253,8 @@ def main(argv=None) -> None:
     os.replace(tmp, out_dir)
     print(f"[{time.time() - t0:6.1f}s] held-out image->text top-1 {result['heldout']}")
     print(f"[{time.time() - t0:6.1f}s] train-prompt image->text top-1 {result['train_prompts']}")
-    print(f"saved {out_dir}")
+    torch.set_num_threads(1)
+    print(f"saved {out_dir} ({write_reference(out_dir)})")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The committed shapes-world model loads offline through the t2i head and reproduces its
-stored seeded samples (examples/shapes/reference_samples.png)."""
+stored seeded samples (examples/shapes/reference_samples.png); the committed ShapesCLIP
+loads through the CLIP reward and reproduces its stored scores."""
 import os
 
 import numpy as np
@@ -29,4 +30,25 @@ def test_committed_model_is_a_velocity_unet_within_the_size_budget():
     head = load_head(MODEL)
     assert head.prediction == "velocity" and type(head.pipe).__name__ == "StableDiffusionPipeline"
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(MODEL) for f in fs)
+    assert size <= 25 * 2 ** 20
+
+
+CLIP = os.path.join(ROOT, "examples", "shapes", "clip")
+
+
+def test_committed_shapes_clip_loads_through_the_clip_reward_and_reproduces_its_stored_scores():
+    import json
+
+    from examples.shapes.train_clip import reference_scores
+
+    torch.set_num_threads(1)
+    with open(os.path.join(CLIP, "reference_scores.json")) as fh:
+        stored = json.load(fh)
+    ours = reference_scores(CLIP)
+    assert ours["prompts"] == stored["prompts"]
+    np.testing.assert_allclose(ours["matched"], stored["matched"], atol=1e-3)
+    np.testing.assert_allclose(ours["mismatched"], stored["mismatched"], atol=1e-3)
+    # it separates a render's own prompt from another category's
+    assert all(m > w for m, w in zip(stored["matched"], stored["mismatched"]))
+    size = sum(os.path.getsize(os.path.join(CLIP, f)) for f in os.listdir(CLIP))
     assert size <= 25 * 2 ** 20
