@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test venv bench bench-toy bench-t2i bench-rewards bench-remote bench-shapes bench-driving bench-robot clean
+.PHONY: demo demo-toy test venv bench bench-toy bench-t2i bench-rewards bench-remote bench-shapes bench-driving bench-robot clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,7 +18,10 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	FLOWRL_NUM_THREADS=1 $(BIN)/flowrl train configs/toy/fdfo.yaml output_dir=outputs/demo overwrite=true
+	FLOWRL_NUM_THREADS=2 $(BIN)/flowrl train configs/t2i/shapes_fdfo.yaml output_dir=outputs/demo overwrite=true
+
+demo-toy: $(STAMP)
+	FLOWRL_NUM_THREADS=1 $(BIN)/flowrl train configs/toy/fdfo.yaml output_dir=outputs/demo_toy overwrite=true
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

@@ -1,6 +1,6 @@
 """Benchmark: every algorithm on the shapes world, 3 training seeds, equal reward-query budget.
 
-Runs ``configs/t2i/shapes_{fdfo,flow_grpo,dance_grpo,vg_grpo}.yaml`` (each 64 reward
+Runs ``configs/t2i/shapes_{fdfo,flow_grpo,dance_grpo,vg_grpo}.yaml`` (each 128 reward
 queries per iteration) and reads their held-out ShapesEval curves (``eval/shapes_eval``
 every ``train.eval_every`` iterations, before at 0 and after at the end). Writes JSON and a
 PNG of held-out accuracy vs reward queries and vs training wall time (rollout + update
@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 ALGORITHMS = ["fdfo", "flow_grpo", "dance_grpo", "vg_grpo"]
-QUERIES_PER_ITERATION = 64  # prompts_per_step x group size in every shapes config
+QUERIES_PER_ITERATION = 128  # prompts_per_step x group size in every shapes config
 
 
 def run(algorithm: str, seed: int, out: Path, overrides: list[str]) -> dict:

@@ -38,6 +38,13 @@ def test_shapes_prompt_source_trains_on_rl_prompts_and_evaluates_balanced_held_o
     ev = src.eval_items()
     assert [it["category"] for it in ev] == [c for c in CATEGORIES for _ in range(3)]
     assert all(it["prompt"] in held_out for it in ev)
+    every = ShapesPrompts(ShapesPromptsConfig(train_split="all")).train_items()
+    assert len(every) == len(split["pretrain"]) + len(split["train"])
+    assert not {it["prompt"] for it in every} & held_out
+    even = ShapesPrompts(ShapesPromptsConfig(balance_train=True)).train_items()
+    per = {c: [it["prompt"] for it in even if it["category"] == c] for c in CATEGORIES}
+    assert len({len(v) for v in per.values()}) == 1  # every category equally often
+    assert {p for v in per.values() for p in v} == {it["prompt"] for it in split["train"]}
     with pytest.raises(ValueError, match="train_split"):
         ShapesPromptsConfig(train_split="eval")
 
@@ -58,8 +65,10 @@ def test_a_shapes_run_reports_per_category_and_writes_captioned_grids_and_curves
         "train.prompts_per_step=2", "train.micro_batch_size=4", "train.eval_every=1", "train.progress=false",
         "train.tensorboard=false", f"output_dir={out}"])
     report = Trainer(cfg).train()
-    for part in ("before", "after"):
-        assert {f"shapes_eval/{c}" for c in CATEGORIES} | {"shapes_eval", "shapes_eval/group_mean"} == set(report[part])
+    for part in ("before", "after"):  # pass/fail held-out accuracy, and the training rewards, per category
+        for key in ("shapes_eval", "shapes_partial"):
+            assert {f"{key}/{c}" for c in CATEGORIES} | {key, f"{key}/group_mean"} <= set(report[part])
+        assert "clip" in report[part]
     assert json.loads((out / "report.json").read_text()) == report
     before = Image.open(out / "samples" / "before.png")
     assert before.size[1] > before.size[0] // 2  # image tiles with caption rows under them

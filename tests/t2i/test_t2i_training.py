@@ -13,7 +13,8 @@ import flowrl.builtins  # noqa: E402,F401
 from flowrl.config import load_config  # noqa: E402
 from flowrl.trainer import Trainer  # noqa: E402
 
-# the shapes-world recipes run the committed shapes model itself (tests/t2i/test_shapes_demo.py)
+# the shapes-world recipes run the committed shapes model (tests/t2i/test_shapes_demo.py) or a tiny SD3
+# pipeline (tests/t2i/test_shapes_world_runs.py)
 RECIPES = sorted(p for p in glob.glob("configs/t2i/*.yaml") if not os.path.basename(p).startswith("shapes_"))
 
 
