@@ -86,9 +86,21 @@ def curve_series(rows: list, before: Dict[str, float], after: Dict[str, float], 
     return train, evals
 
 
+def by_family(series: Dict[str, tuple], strip: str = "") -> Dict[str, Dict[str, tuple]]:
+    """Group curves by their name before the first "/" (after removing ``strip``), so each
+    panel holds one scale: {"clip": {...}, "shapes_eval": {"shapes_eval": ..,
+    "shapes_eval/colors": ..}}."""
+    out: Dict[str, Dict[str, tuple]] = {}
+    for k in sorted(series):
+        name = k[len(strip):] if strip and k.startswith(strip) else k
+        out.setdefault(name.split("/")[0], {})[k] = series[k]
+    return out
+
+
 def plot_curves(output_dir: str, before: Dict[str, float], after: Dict[str, float], last_iteration: int) -> str:
-    """Write ``output_dir/curves.png``: training rewards (left) and evaluation metrics
-    (right) vs iteration; returns the path."""
+    """Write ``output_dir/curves.png``: training rewards (top row) and evaluation metrics
+    (bottom row) vs iteration, one panel per reward / metric so each has its own scale;
+    returns the path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -96,17 +108,23 @@ def plot_curves(output_dir: str, before: Dict[str, float], after: Dict[str, floa
 
     rows = read_metrics(output_dir) if os.path.isfile(os.path.join(output_dir, "metrics.jsonl")) else []
     train, evals = curve_series(rows, before, after, last_iteration)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for k, (x, y) in sorted(train.items()):
-        axes[0].plot(x, y, label=k)
-    axes[0].set(title="training reward (rollout mean)", xlabel="iteration")
-    for k, (x, y) in sorted(evals.items()):
-        axes[1].plot(x, y, marker="o", ms=3, label=k, lw=2 if "/" not in k else 1)
-    axes[1].set(title="evaluation (held-out items, fixed seeds)", xlabel="iteration")
-    for ax in axes:
-        if ax.lines:
-            ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
+    panels = [by_family(train, "reward/"), by_family(evals)]
+    cols = max(1, *(len(p) for p in panels))
+    fig, axes = plt.subplots(2, cols, figsize=(4.2 * cols, 7), squeeze=False)
+    for r, (fam, what) in enumerate(zip(panels, ("training reward (rollout mean)", "evaluation (held-out, fixed seeds)"))):
+        for c in range(cols):
+            ax = axes[r][c]
+            if c >= len(fam):
+                ax.axis("off")
+                continue
+            name = sorted(fam)[c]
+            for k, (x, y) in fam[name].items():
+                ax.plot(x, y, marker="o" if r else None, ms=3, label=k, lw=2 if k.count("/") <= 1 - r else 1)
+            ax.set_title(f"{name}\n{what}", fontsize=9)
+            ax.set_xlabel("iteration")
+            if len(fam[name]) > 1:
+                ax.legend(fontsize=6)
+            ax.grid(alpha=0.3)
     fig.tight_layout()
     path = os.path.join(output_dir, "curves.png")
     tmp = path + ".tmp.png"

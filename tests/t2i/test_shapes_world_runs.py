@@ -57,6 +57,17 @@ def test_group_means_report_each_group_and_their_unweighted_mean():
     assert out["q"] != out["q"]  # no valid sample: NaN, not 0
 
 
+def test_curves_get_one_panel_per_reward_so_each_keeps_its_scale():
+    from flowrl.trainer.logging import by_family
+
+    train = {"reward/clip": 1, "reward/shapes_partial": 2, "reward/total": 3}
+    assert by_family(train, "reward/") == {"clip": {"reward/clip": 1}, "shapes_partial": {"reward/shapes_partial": 2},
+                                           "total": {"reward/total": 3}}
+    evals = {"clip": 1, "shapes_eval": 2, "shapes_eval/colors": 3, "shapes_eval/group_mean": 4}
+    assert by_family(evals) == {"clip": {"clip": 1},
+                                "shapes_eval": {"shapes_eval": 2, "shapes_eval/colors": 3, "shapes_eval/group_mean": 4}}
+
+
 def test_a_shapes_run_reports_per_category_and_writes_captioned_grids_and_curves(tiny_pipelines, tmp_path):
     out = tmp_path / "run"
     cfg = load_config("configs/t2i/shapes_fdfo.yaml", [
