@@ -5,8 +5,8 @@
 
 Writes ``OUTPUT_DIR/ShapesCLIP.json`` (the architecture, open_clip's JSON layout; its file
 stem is the model name) and ``OUTPUT_DIR/open_clip_model.safetensors`` (weights stored in
-float16 to halve the file; they load into the float32 model), plus ``retrieval.json`` and ``reference_scores.json`` (see ``reference_scores``). The
-CLIP reward loads it with its normal open_clip path::
+float16 to halve the file; they load into the float32 model), plus ``retrieval.json`` and
+``reference_scores.json`` (see ``reference_scores``). The CLIP reward loads it with its normal open_clip path::
 
     rewards: [{name: clip, backend: open_clip, model_name: ShapesCLIP,
                model_config: examples/shapes/clip/ShapesCLIP.json,

@@ -203,10 +203,12 @@ def satisfies(detections: Sequence[Detection], item: Dict[str, Any], strict: boo
         if any(not any(_matches(d, o) for o in objects) for d in detections):
             return False
     rel = item.get("relation")
-    if rel:
-        a, b = groups[0], groups[1]
-        return any(relation_holds((x.cx, x.cy), (y.cx, y.cy), rel) for x in a for y in b if x is not y)
-    return True
+    return _relation_holds(groups, rel) if rel else True
+
+
+def _relation_holds(groups: Sequence[Sequence[Detection]], rel: str) -> bool:
+    """Some object of groups[0] stands in relation ``rel`` to some other object of groups[1]."""
+    return any(relation_holds((x.cx, x.cy), (y.cx, y.cy), rel) for x in groups[0] for y in groups[1] if x is not y)
 
 
 def _count_credit(found: int, want: int, exact: bool) -> float:
@@ -235,8 +237,7 @@ def credit(detections: Sequence[Detection], item: Dict[str, Any], strict: bool =
         terms.append(_count_credit(len(detections), sum(o["count"] for o in objects), True))
     rel = item.get("relation")
     if rel:
-        a, b = groups[0], groups[1]
-        terms.append(float(any(relation_holds((x.cx, x.cy), (y.cx, y.cy), rel) for x in a for y in b if x is not y)))
+        terms.append(float(_relation_holds(groups, rel)))
     return float(np.mean(terms))
 
 
@@ -254,7 +255,8 @@ def judge(images: torch.Tensor, items: Sequence[Any], strict: bool = True,
     arr = _to_hwc255(images)
     if len(arr) != len(items):
         raise ValueError(f"{len(arr)} images but {len(items)} items")
-    verdicts: List[Optional[bool]] = []
+    check = credit if partial else satisfies
+    verdicts: List[Optional[Any]] = []
     cats: List[Optional[str]] = []
     for img, item in zip(arr, items):
         spec = item_spec(item)
@@ -262,7 +264,6 @@ def judge(images: torch.Tensor, items: Sequence[Any], strict: bool = True,
             verdicts.append(None)
             cats.append(None)
             continue
-        check = credit if partial else satisfies
         verdicts.append(check(detect(img, params), spec, strict))
         cats.append(spec.get("category"))
     return verdicts, cats

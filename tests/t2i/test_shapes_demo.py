@@ -11,6 +11,7 @@ import torch
 import yaml
 
 import flowrl.builtins  # noqa: F401
+from examples.shapes.train_clip import reward_config
 from flowrl.config import load_config
 from flowrl.trainer import Trainer
 from tests.conftest import ROOT
@@ -27,9 +28,8 @@ def test_a_one_minute_fdfo_run_raises_the_training_reward(tmp_path):
     raw.update(output_dir=str(tmp_path / "run"), max_steps=16)
     raw["head"]["path"] = os.path.join(ROOT, "examples", "shapes", "model")
     raw["sampler"] = {"name": "churn", "gamma": 0.0025}
-    raw["rewards"] = [{"name": "clip", "backend": "open_clip", "model_name": "ShapesCLIP",
-                       "model_config": os.path.join(CLIP, "ShapesCLIP.json"),
-                       "pretrained": os.path.join(CLIP, "open_clip_model.safetensors")}]
+    clip = reward_config(CLIP)  # the committed ShapesCLIP through the clip reward
+    raw["rewards"] = [{k: getattr(clip, k) for k in ("name", "backend", "model_name", "model_config", "pretrained")}]
     raw["data"] = {"name": "prompts", "train_prompts": PROMPTS, "eval_prompts": PROMPTS}
     raw["eval"] = {"num_items": 4, "samples_per_item": 4, "num_steps": 10}
     raw["optim"] = {"lr": 3e-3, "grad_clip": 1.0}
