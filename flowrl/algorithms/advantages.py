@@ -59,6 +59,30 @@ def group_all(mask: Tensor, group_ids: Tensor) -> Tensor:
     return bad[inv] == 0
 
 
+def best_of_group(values: Tensor, group_ids: Tensor, valid: Optional[Tensor] = None, tol: float = 1e-9) -> Tensor:
+    """Centred best-of-group indicator, like values (float32): 1/k - 1/n for each of the k
+    valid members tied at the group's best reward, -1/n for the other valid members
+    (n = valid members), 0 for invalid members and groups with fewer than 2.
+
+    It sums to 0 over a group, so a best chosen at random has zero expected gradient:
+    used as an advantage, it is the policy-gradient form of distilling best-of-n selection.
+    """
+    if valid is None:
+        valid = torch.ones_like(values, dtype=torch.bool)
+    v = values.double()
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    g = int(inv.max()) + 1 if inv.numel() else 0
+    shape = (g,) + tuple(values.shape[1:])
+    masked = torch.where(valid, v, torch.full_like(v, float("-inf")))
+    index = inv.view(-1, *([1] * (v.ndim - 1))).expand_as(v)
+    best = torch.full(shape, float("-inf"), dtype=torch.float64).scatter_reduce(0, index, masked, "amax")[inv]
+    top = valid & (v >= best - tol)
+    k = torch.zeros(shape, dtype=torch.float64).index_add_(0, inv, top.double())[inv]
+    n = torch.zeros(shape, dtype=torch.float64).index_add_(0, inv, valid.double())[inv]
+    out = top.double() / k.clamp(min=1) - 1.0 / n.clamp(min=1)
+    return torch.where(valid & (n >= 2), out, torch.zeros_like(out)).float()
+
+
 def zero_std_fraction(values: Tensor, group_ids: Tensor, valid: Optional[Tensor] = None, tol: float = 1e-6) -> float:
     """Fraction of groups whose valid rewards all coincide (no learning signal)."""
     _, std, _ = group_stats(values, group_ids, valid)

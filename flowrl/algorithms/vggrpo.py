@@ -8,6 +8,10 @@ Thresholds are absolute (paper: 0.03 / 0.06) or relative to a running mean of th
 group-reward std (10% / 20%). The loss is Flow-GRPO's with an asymmetric clip
 [1 - 0.15, 1 + 0.2], the k3 KL to the reference (beta 0.1) and a per-denoising-step
 weight gamma^(K-1-k) (gamma 0.9).
+
+Option (not in SCORP): ``best_weight`` > 0 adds best_weight x (1[best of group] - 1/G)
+(``best_of_group``) to every sample's advantage, dropped groups included, which distils
+the best-of-G selection of the closed loop into the policy.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from typing import Optional, Tuple
 import torch
 
 from flowrl._fields import hfield
-from flowrl.algorithms.advantages import _first_of_group, group_stats, zero_std_fraction
+from flowrl.algorithms.advantages import _first_of_group, best_of_group, group_stats, zero_std_fraction
 from flowrl.algorithms.grpo import GRPO, GRPOConfig
 from flowrl.registry import ALGORITHMS
 
@@ -40,6 +44,8 @@ class VGGRPOConfig(GRPOConfig):
     std1: float = hfield(0.03, "drop groups with std <= std1 (relative mode: fraction, e.g. 0.1)")
     std2: float = hfield(0.06, "scale by std only above std2 (relative mode: fraction, e.g. 0.2)")
     running_momentum: float = hfield(0.9, "EMA momentum of the running group-reward std (relative mode)")
+    best_weight: float = hfield(0.0, "add best_weight x (1[best of group] - 1/G) to every sample's advantage, gated "
+                                     "groups included: distils best-of-G selection (0 = SCORP)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -49,6 +55,8 @@ class VGGRPOConfig(GRPOConfig):
             raise ValueError("algorithm.std1 and algorithm.std2 must satisfy 0 <= std1 <= std2")
         if not 0 <= self.running_momentum < 1:
             raise ValueError("algorithm.running_momentum must be in [0, 1)")
+        if self.best_weight < 0:
+            raise ValueError("algorithm.best_weight must be >= 0")
 
 
 def variance_gate(values: Tensor, group_ids: Tensor, valid: Tensor, std1: float, std2: float,
@@ -88,6 +96,11 @@ class VGGRPO(GRPO):
         _, first = _first_of_group(traj.group_ids)
         std1, std2 = self.thresholds(float(std[first].mean()))
         adv, kept, _ = variance_gate(traj.rewards, traj.group_ids, traj.valid, std1, std2)
+        weights = kept
+        if c.best_weight > 0:
+            best = best_of_group(traj.rewards, traj.group_ids, traj.valid)
+            adv = adv + c.best_weight * best
+            weights = kept | (best != 0)
         adv = adv.clamp(-c.adv_clip_max, c.adv_clip_max)
         kept_groups = kept[first]
         metrics = {
@@ -97,7 +110,7 @@ class VGGRPO(GRPO):
             "adv/gate_std2": std2,
             "adv/abs_mean": float(adv.abs().mean()),
         }
-        return traj.replace(advantages=adv, weights=kept.float()), metrics
+        return traj.replace(advantages=adv, weights=weights.float()), metrics
 
     def state_dict(self):
         return {"running_std": self.running_std}

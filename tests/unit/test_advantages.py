@@ -7,6 +7,7 @@ import math
 import pytest
 
 from flowrl.algorithms.advantages import (
+    best_of_group,
     group_normalize,
     group_stats,
     per_reward_normalize,
@@ -258,6 +259,37 @@ def test_vggrpo_compute_advantages_absolute():
     assert m["adv/zero_std_frac"] == pytest.approx(0.5)
     assert m["adv/gate_std1"] == 0.03 and m["adv/gate_std2"] == 0.06
     assert algo.running_std is None  # absolute mode keeps no running statistic
+
+
+# ----------------------------------------------------------------------------- best_of_group
+def test_best_of_group_ties_invalid_and_singletons():
+    # group 0: two tied at the best of 4 -> 1/2 - 1/4 each, -1/4 for the rest; group 1: all
+    # tied -> 0; group 2: one valid member -> 0 (the invalid one too)
+    v = t(1, 3, 2, 3, 5, 5, 0, 9)
+    valid = torch.tensor([True] * 7 + [False])
+    close(best_of_group(v, ids(0, 0, 0, 0, 1, 1, 2, 2), valid), [-0.25, 0.25, -0.25, 0.25, 0, 0, 0, 0])
+
+
+def test_best_of_group_per_agent_columns_and_zero_sum():
+    v = torch.tensor([[1.0, 0.0], [2.0, 0.0], [0.0, 1.0]])
+    out = best_of_group(v, ids(0, 0, 0))
+    close(out, [[-1 / 3, -1 / 3], [2 / 3, -1 / 3], [-1 / 3, 2 / 3]])  # each agent has its own best
+    close(out.sum(0), [0, 0])  # zero-sum per group and agent: a random best has no expected push
+
+
+def test_vggrpo_best_weight_adds_centred_best_bonus_to_dropped_groups():
+    # group 0 {0.5, 0.7}: std 0.1 <= std1 -> dropped by the gate, but the best bonus keeps it
+    # (+-0.5 x 2 = +-1); group 1 {0, 4}: std 2 > std2 1 -> scaled -1, 1, plus the bonus +-1
+    traj = _traj([0.5, 0.7, 0.0, 4.0], [0, 0, 1, 1])
+    out, m = VGGRPO(VGGRPOConfig(std1=0.5, std2=1.0, best_weight=2.0)).compute_advantages(traj, {}, {}, {})
+    close(out.advantages, [-1, 1, -2, 2])
+    close(out.weights, [1, 1, 1, 1])
+    assert m["adv/dropped_group_frac"] == pytest.approx(0.5)  # the gate's own statistic is unchanged
+    plain, _ = VGGRPO(VGGRPOConfig(std1=0.5, std2=1.0)).compute_advantages(traj, {}, {}, {})
+    close(plain.advantages, [0, 0, -1, 1])
+    close(plain.weights, [0, 0, 1, 1])
+    with pytest.raises(ValueError, match="best_weight"):
+        VGGRPOConfig(best_weight=-1.0)
 
 
 # relative mode, batch 1: group stds 2.5 ({0,5}), .15 ({0,.3}), .05 ({0,.1}), 1.3 ({0,2.6})
