@@ -23,15 +23,17 @@ ALGORITHMS = ["fdfo", "flow_grpo", "dance_grpo", "vg_grpo"]
 QUERIES_PER_ITERATION = 128  # prompts_per_step x group size in every shapes config
 
 
-def run(algorithm: str, seed: int, out: Path, overrides: list[str]) -> dict:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "flowrl", "train", f"configs/t2i/shapes_{algorithm}.yaml",
-                          f"seed={seed}", f"output_dir={out}", "overwrite=true", "train.progress=false",
-                          "train.tensorboard=false", *overrides], cwd=ROOT, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if res.returncode != 0:
-        raise SystemExit(f"{algorithm} seed {seed} failed:\n{res.stderr[-2000:]}")
+def run(algorithm: str, seed: int, out: Path, overrides: list[str], reuse: bool = False) -> dict:
+    wall = None
+    if not (reuse and (out / "report.json").exists()):
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+        t0 = time.perf_counter()
+        res = subprocess.run([sys.executable, "-m", "flowrl", "train", f"configs/t2i/shapes_{algorithm}.yaml",
+                              f"seed={seed}", f"output_dir={out}", "overwrite=true", "train.progress=false",
+                              "train.tensorboard=false", *overrides], cwd=ROOT, env=env, capture_output=True, text=True)
+        wall = round(time.perf_counter() - t0, 1)
+        if res.returncode != 0:
+            raise SystemExit(f"{algorithm} seed {seed} failed:\n{res.stderr[-2000:]}")
     report = json.loads((out / "report.json").read_text())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     per_iter: dict = {}  # iteration -> {"s": rollout + update seconds, "eval": held-out accuracy}
@@ -48,7 +50,7 @@ def run(algorithm: str, seed: int, out: Path, overrides: list[str]) -> dict:
         acc = report["after"]["shapes_eval"] if it == last else per_iter[it]["eval"]
         if acc is not None:
             curve.append((it * QUERIES_PER_ITERATION, round(elapsed, 1), acc))
-    return {"report": report, "curve": curve, "wall_s": round(wall, 1)}
+    return {"report": report, "curve": curve, "train_s": round(elapsed, 1), "wall_s": wall}
 
 
 def stat(xs: list[float]) -> str:
@@ -87,16 +89,23 @@ def main() -> None:
     ap.add_argument("--out", default="outputs/bench_shapes.json")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--algorithms", nargs="+", default=ALGORITHMS)
+    ap.add_argument("--reuse", action="store_true",
+                    help="read a run whose <out>/<algorithm>-<seed>/report.json exists instead of training it again")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every run (e.g. max_steps=20)")
     args = ap.parse_args()
     work = Path(args.out).with_suffix("")
     results = {}
-    print(f"{'algorithm':<12} {'before':>16} {'after':>16} {'run seconds':>16}")
+    print(f"{'algorithm':<12} {'metric':<16} {'before':>16} {'after':>16} {'training seconds':>18}")
     for alg in args.algorithms:
-        runs = [run(alg, seed, work / f"{alg}-{seed}", args.overrides) for seed in args.seeds]
+        runs = [run(alg, seed, work / f"{alg}-{seed}", args.overrides, args.reuse) for seed in args.seeds]
         before = [r["report"]["before"]["shapes_eval"] for r in runs]
         after = [r["report"]["after"]["shapes_eval"] for r in runs]
-        print(f"{alg:<12} {stat(before):>16} {stat(after):>16} {stat([r['wall_s'] for r in runs]):>16}", flush=True)
+        # held-out pass/fail first, then the training rewards measured on the same held-out images
+        for key in ["shapes_eval"] + sorted(k for k in runs[0]["report"]["after"] if "/" not in k and k != "shapes_eval"):
+            b = [r["report"]["before"][key] for r in runs]
+            a = [r["report"]["after"][key] for r in runs]
+            secs = stat([r["train_s"] for r in runs]) if key == "shapes_eval" else ""
+            print(f"{alg:<12} {key:<16} {stat(b):>16} {stat(a):>16} {secs:>18}", flush=True)
         results[alg] = {"seeds": args.seeds, "before": before, "after": after, "runs": runs}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as fh:
