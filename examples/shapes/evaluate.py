@@ -30,9 +30,10 @@ if ROOT not in sys.path:
 from rewards.shapes.prompts import CATEGORIES, balanced, sample_scene, split_prompts  # noqa: E402
 
 
-def eval_items(split_seed: int = 0, per_category: int = 32) -> List[Dict[str, Any]]:
-    """``per_category`` held-out items per category (prompts cycled), in category order."""
-    return balanced(split_prompts(split_seed)["eval"], per_category)
+def eval_items(split_seed: int = 0, per_category: int = 32, split: str = "eval") -> List[Dict[str, Any]]:
+    """``per_category`` items per category (prompts cycled), in category order, of the held-out
+    split (``eval``) or, to measure the generalisation gap, of ``train`` / ``pretrain``."""
+    return balanced(split_prompts(split_seed)[split], per_category)
 
 
 def load_head(model: str, guidance_scale: float = 1.0, lora: str = ""):
@@ -73,10 +74,11 @@ def ground_truth(items: List[Dict[str, Any]], seed: int = 0) -> torch.Tensor:
 
 
 def run(model: str = "", *, ground: bool = False, seed: int = 0, split_seed: int = 0, per_category: int = 32,
-        num_steps: int = 20, guidance_scale: float = 1.0, lora: str = "") -> Tuple[Dict[str, float], torch.Tensor]:
+        num_steps: int = 20, guidance_scale: float = 1.0, lora: str = "",
+        split: str = "eval") -> Tuple[Dict[str, float], torch.Tensor]:
     from rewards.shapes.verifier import evaluate
 
-    items = eval_items(split_seed, per_category)
+    items = eval_items(split_seed, per_category, split)
     if ground:
         images = ground_truth(items, seed)
     else:
@@ -101,6 +103,8 @@ def main(argv=None) -> None:
     ap.add_argument("--lora", default="", help="optional LoRA folder (a flowrl run's final/) loaded on top")
     ap.add_argument("--seed", type=int, default=0, help="evaluation noise seed")
     ap.add_argument("--split-seed", type=int, default=0)
+    ap.add_argument("--split", choices=["eval", "train", "pretrain"], default="eval",
+                    help="prompts: the held-out compositions (eval), the RL split (train) or pretraining's")
     ap.add_argument("--per-category", type=int, default=32, help="images per category")
     ap.add_argument("--num-steps", type=int, default=20, help="Euler steps")
     ap.add_argument("--guidance-scale", type=float, default=1.0, help="CFG scale (1 = off)")
@@ -122,9 +126,10 @@ def main(argv=None) -> None:
     t0 = time.time()
     metrics, images = run(args.model, ground=args.ground_truth, seed=args.seed, split_seed=args.split_seed,
                           per_category=args.per_category, num_steps=args.num_steps,
-                          guidance_scale=args.guidance_scale, lora=args.lora)
+                          guidance_scale=args.guidance_scale, lora=args.lora, split=args.split)
     what = "ground truth" if args.ground_truth else f"{args.model} (guidance {args.guidance_scale}, {args.num_steps} steps)"
-    print(f"held-out shapes_eval, {what}, {args.per_category}/category, {time.time() - t0:.0f} s")
+    split = "held-out" if args.split == "eval" else f"{args.split}-split"
+    print(f"{split} shapes_eval, {what}, {args.per_category}/category, {time.time() - t0:.0f} s")
     for k in ("category_mean", "overall") + CATEGORIES:
         print(f"  {k:14s} {metrics.get(k, float('nan')):.3f}")
     if args.out:
