@@ -49,6 +49,17 @@ def test_shapes_prompt_source_trains_on_rl_prompts_and_evaluates_balanced_held_o
         ShapesPromptsConfig(train_split="eval")
 
 
+def test_evaluate_script_scores_any_split_balanced_per_category():
+    from examples.shapes.evaluate import eval_items
+
+    split = split_prompts(0)
+    for name in ("eval", "train", "pretrain"):
+        items = eval_items(0, 2, name)
+        assert [it["category"] for it in items] == [c for c in CATEGORIES for _ in range(2)]
+        assert {it["prompt"] for it in items} <= {it["prompt"] for it in split[name]}
+    assert eval_items(0, 2) == eval_items(0, 2, "eval")  # the held-out default is unchanged
+
+
 def test_group_means_report_each_group_and_their_unweighted_mean():
     sums = {"r": [3.0, 4.0], "r/a": [1.0, 1.0], "r/b": [2.0, 3.0], "q": [0.0, 0.0]}
     out = group_means(sums, ["r", "q"])
