@@ -64,7 +64,8 @@ class DrivingEnvConfig:
     candidates_per_state: int = hfield(10, "closed-loop training (SCORP): G candidate chunks are planned per state, "
                                            "scored by simulating each from a copy of the state, the best is executed "
                                            "and all G form the group (0 = groups of whole episodes)")
-    score_steps: int = hfield(0, "ticks each candidate chunk is simulated to score it (0 = the whole chunk)")
+    score_steps: int = hfield(0, "ticks each candidate chunk is simulated to score it "
+                                 "(0, or more than the chunk has, = the whole chunk)")
     expert_seed: int = hfield(0, "seed of the expert run on evaluation scenes (ADE to the expert)")
     render_scenes: int = hfield(3, "evaluation scenes drawn to before/after GIFs (0 = none)")
     scene_cache: int = hfield(4096, "scenes kept in memory by seed (0 = regenerate every reset)")
