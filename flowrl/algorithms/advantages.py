@@ -13,15 +13,20 @@ import torch
 Tensor = torch.Tensor
 
 
+def _segments(group_ids: Tensor, like: Tensor) -> Tuple[Tensor, Tuple[int, ...]]:
+    """(group index of each row [N], shape [G, *like.shape[1:]] of a per-group buffer)."""
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    g = int(inv.max()) + 1 if inv.numel() else 0
+    return inv, (g,) + tuple(like.shape[1:])
+
+
 def group_stats(values: Tensor, group_ids: Tensor, valid: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """Per-sample (group mean, group std, group valid count), each shaped like values."""
     if valid is None:
         valid = torch.ones_like(values, dtype=torch.bool)
     values = values.double()
-    _, inv = torch.unique(group_ids, return_inverse=True)
-    g = int(inv.max()) + 1 if inv.numel() else 0
+    inv, shape = _segments(group_ids, values)
     w = valid.double()
-    shape = (g,) + tuple(values.shape[1:])
     cnt = torch.zeros(shape, dtype=torch.float64).index_add_(0, inv, w)
     total = torch.zeros(shape, dtype=torch.float64).index_add_(0, inv, values * w)
     mean = total / cnt.clamp(min=1)
@@ -53,9 +58,8 @@ def group_normalize(
 
 def group_all(mask: Tensor, group_ids: Tensor) -> Tensor:
     """Per-sample: True where every member of the sample's group is True. mask: [N] or [N, A]."""
-    _, inv = torch.unique(group_ids, return_inverse=True)
-    g = int(inv.max()) + 1 if inv.numel() else 0
-    bad = torch.zeros((g,) + tuple(mask.shape[1:]), dtype=torch.float64).index_add_(0, inv, (~mask).double())
+    inv, shape = _segments(group_ids, mask)
+    bad = torch.zeros(shape, dtype=torch.float64).index_add_(0, inv, (~mask).double())
     return bad[inv] == 0
 
 
@@ -70,9 +74,7 @@ def best_of_group(values: Tensor, group_ids: Tensor, valid: Optional[Tensor] = N
     if valid is None:
         valid = torch.ones_like(values, dtype=torch.bool)
     v = values.double()
-    _, inv = torch.unique(group_ids, return_inverse=True)
-    g = int(inv.max()) + 1 if inv.numel() else 0
-    shape = (g,) + tuple(values.shape[1:])
+    inv, shape = _segments(group_ids, v)
     masked = torch.where(valid, v, torch.full_like(v, float("-inf")))
     index = inv.view(-1, *([1] * (v.ndim - 1))).expand_as(v)
     best = torch.full(shape, float("-inf"), dtype=torch.float64).scatter_reduce(0, index, masked, "amax")[inv]
