@@ -10,15 +10,21 @@ the noise of ``flowrl.rng.generator(seed, STREAM_EVAL, j, 0, 0)`` (as ``flowrl e
 draws it) and is integrated with Euler on the pipeline's own time grid
 (``head.time_grid``), through ``T2IHead.encode / init_noise / velocity / decode`` -- the
 path every RL recipe uses. Prints and writes {"overall", "category_mean", per category}.
+
+``--samples K`` draws K images per item (noise seeds seed, ..., seed + K - 1) and adds the
+mean pass rate and the unbiased pass@k (Chen et al., 2021) for k = 1, 2, 4, ... <= K: the
+share of items that best-of-k sampling would pass, i.e. the headroom a reward
+post-training method can at best turn into single-sample accuracy.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -36,6 +42,19 @@ def eval_items(split_seed: int = 0, per_category: int = 32, split: str = "eval")
     return balanced(split_prompts(split_seed)[split], per_category)
 
 
+def pass_at_k(passed: np.ndarray, ks: Sequence[int]) -> Dict[str, float]:
+    """Unbiased pass@k from passed [S, N] bool (S samples of N items): the mean over items of
+    1 - C(S - c, k) / C(S, k), c = the item's passing samples. Returns {"pass@k": value}."""
+    s = passed.shape[0]
+    c = passed.sum(axis=0)
+    out = {}
+    for k in ks:
+        if not 1 <= k <= s:
+            raise ValueError(f"pass@{k} needs 1 <= k <= {s} samples")
+        out[f"pass@{k}"] = float(np.mean([1.0 - math.comb(s - int(ci), k) / math.comb(s, k) for ci in c]))
+    return out
+
+
 def load_head(model: str, guidance_scale: float = 1.0, lora: str = ""):
     """The t2i head on a shapes pipeline folder (the config a demo recipe uses)."""
     from flowrl.heads.t2i import T2IHeadConfig, build_t2i_head
@@ -43,7 +62,14 @@ def load_head(model: str, guidance_scale: float = 1.0, lora: str = ""):
     head = build_t2i_head(T2IHeadConfig(family="sd", path=model, resolution=32, guidance_scale=guidance_scale,
                                         lora_rank=0))
     if lora:
-        head.pipe.load_lora_weights(lora)
+        from diffusers.utils import logging as diffusers_logging
+
+        level = diffusers_logging.get_verbosity()
+        diffusers_logging.set_verbosity_error()  # "no LoRA keys for the text encoder": expected, the UNet is trained
+        try:
+            head.pipe.load_lora_weights(lora)
+        finally:
+            diffusers_logging.set_verbosity(level)
     return head.eval()
 
 
@@ -75,15 +101,24 @@ def ground_truth(items: List[Dict[str, Any]], seed: int = 0) -> torch.Tensor:
 
 def run(model: str = "", *, ground: bool = False, seed: int = 0, split_seed: int = 0, per_category: int = 32,
         num_steps: int = 20, guidance_scale: float = 1.0, lora: str = "",
-        split: str = "eval") -> Tuple[Dict[str, float], torch.Tensor]:
-    from rewards.shapes.verifier import evaluate
+        split: str = "eval", samples: int = 1) -> Tuple[Dict[str, float], torch.Tensor]:
+    from rewards.shapes.verifier import evaluate, judge
 
     items = eval_items(split_seed, per_category, split)
-    if ground:
-        images = ground_truth(items, seed)
-    else:
-        images = sample_head(load_head(model, guidance_scale, lora), items, seed, num_steps)
-    return {k: round(float(v), 4) for k, v in evaluate(images, items).items()}, images
+    head = None if ground else load_head(model, guidance_scale, lora)
+
+    def draw(s: int) -> torch.Tensor:
+        return ground_truth(items, s) if ground else sample_head(head, items, s, num_steps)
+
+    images = draw(seed)
+    metrics = {k: round(float(v), 4) for k, v in evaluate(images, items).items()}
+    if samples > 1:
+        passed = np.array([[bool(v) for v in judge(images if s == seed else draw(s), items)[0]]
+                           for s in range(seed, seed + samples)])
+        ks = [2 ** i for i in range(int(math.log2(samples)) + 1)]
+        metrics.update({"mean_pass": round(float(passed.mean()), 4),
+                        **{k: round(v, 4) for k, v in pass_at_k(passed, ks).items()}})
+    return metrics, images
 
 
 REFERENCE_PNG = os.path.join(ROOT, "examples", "shapes", "reference_samples.png")
@@ -107,12 +142,16 @@ def main(argv=None) -> None:
                     help="prompts: the held-out compositions (eval), the RL split (train) or pretraining's")
     ap.add_argument("--per-category", type=int, default=32, help="images per category")
     ap.add_argument("--num-steps", type=int, default=20, help="Euler steps")
+    ap.add_argument("--samples", type=int, default=1,
+                    help="images per item (seeds seed..seed+K-1): adds mean_pass and pass@k, the best-of-k headroom")
     ap.add_argument("--guidance-scale", type=float, default=1.0, help="CFG scale (1 = off)")
     ap.add_argument("--out", default="", help="write the metrics JSON here (and a PNG grid next to it)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--write-reference", action="store_true",
                     help=f"(re)write the stored reference samples of --model ({REFERENCE_PNG}) with 1 thread, then exit")
     args = ap.parse_args(argv)
+    if args.samples < 1:
+        ap.error("--samples must be >= 1")
     if args.write_reference:
         from PIL import Image
 
@@ -126,11 +165,13 @@ def main(argv=None) -> None:
     t0 = time.time()
     metrics, images = run(args.model, ground=args.ground_truth, seed=args.seed, split_seed=args.split_seed,
                           per_category=args.per_category, num_steps=args.num_steps,
-                          guidance_scale=args.guidance_scale, lora=args.lora, split=args.split)
+                          guidance_scale=args.guidance_scale, lora=args.lora, split=args.split,
+                          samples=args.samples)
     what = "ground truth" if args.ground_truth else f"{args.model} (guidance {args.guidance_scale}, {args.num_steps} steps)"
     split = "held-out" if args.split == "eval" else f"{args.split}-split"
     print(f"{split} shapes_eval, {what}, {args.per_category}/category, {time.time() - t0:.0f} s")
-    for k in ("category_mean", "overall") + CATEGORIES:
+    headroom = tuple(k for k in metrics if k == "mean_pass" or k.startswith("pass@"))
+    for k in ("category_mean", "overall") + CATEGORIES + headroom:
         print(f"  {k:14s} {metrics.get(k, float('nan')):.3f}")
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -60,6 +60,29 @@ def test_evaluate_script_scores_any_split_balanced_per_category():
     assert eval_items(0, 2) == eval_items(0, 2, "eval")  # the held-out default is unchanged
 
 
+def test_pass_at_k_is_the_unbiased_best_of_k_estimate():
+    import numpy as np
+    from examples.shapes.evaluate import pass_at_k
+
+    # 4 samples of 3 items: passes c = 3, 1, 0
+    passed = np.array([[1, 0, 0], [1, 1, 0], [0, 0, 0], [1, 0, 0]], dtype=bool)
+    out = pass_at_k(passed, [1, 2, 4])
+    assert out["pass@1"] == pytest.approx((0.75 + 0.25 + 0) / 3)  # the mean pass rate
+    assert out["pass@2"] == pytest.approx((1 + (1 - 3 / 6) + 0) / 3)  # 1 - C(S-c, 2) / C(4, 2)
+    assert out["pass@4"] == pytest.approx(2 / 3)  # any pass among all four
+    with pytest.raises(ValueError, match="pass@5"):
+        pass_at_k(passed, [5])
+
+
+def test_evaluate_samples_adds_headroom_metrics_ground_truth_passes_everything():
+    from examples.shapes.evaluate import run
+
+    metrics, images = run(ground=True, per_category=1, samples=2)
+    assert images.shape[0] == len(CATEGORIES)
+    assert metrics["mean_pass"] == 1.0 and metrics["pass@1"] == 1.0 and metrics["pass@2"] == 1.0
+    assert "pass@1" not in run(ground=True, per_category=1)[0]
+
+
 def test_group_means_report_each_group_and_their_unweighted_mean():
     sums = {"r": [3.0, 4.0], "r/a": [1.0, 1.0], "r/b": [2.0, 3.0], "q": [0.0, 0.0]}
     out = group_means(sums, ["r", "q"])
