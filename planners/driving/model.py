@@ -63,6 +63,33 @@ def _to_frame(xy: Tensor, origin: Tensor, angle: Tensor) -> Tensor:
 
 
 @torch.no_grad()
+def leader_features(now: Tensor, valid: Tensor, a: int, lane_half_width: float = 2.0,
+                    max_gap: float = 50.0) -> Tensor:
+    """[B, A, 3] per controlled slot: (gap to the nearest vehicle ahead in its lane / max_gap,
+    clipped to 1; closing speed / 10 m/s; 1 if there is such a leader). now: [B, N, 8]
+    current ``AGENT_FEATURES``; valid: [B, N] bool. A leader is within ``lane_half_width``
+    of the slot's heading line, ahead of it, and heading the same way (cos > 0.5); the gap
+    is bumper to bumper."""
+    pos, hdg, vel, length = now[..., :2], now[..., 2], now[..., 3:5], now[..., 5]
+    c, s = hdg[:, :a].cos()[..., None], hdg[:, :a].sin()[..., None]      # [B, A, 1]
+    rel = pos[:, None] - pos[:, :a, None]                                 # [B, A, N, 2]
+    fwd = c * rel[..., 0] + s * rel[..., 1]
+    lat = -s * rel[..., 0] + c * rel[..., 1]
+    same_way = torch.cos(hdg[:, None] - hdg[:, :a, None]) > 0.5
+    gap = fwd - (length[:, :a, None] + length[:, None]) / 2
+    n = now.shape[1]
+    is_leader = (valid[:, None] & (fwd > 0) & (lat.abs() < lane_half_width) & same_way
+                 & ~torch.eye(a, n, dtype=torch.bool, device=now.device))
+    gap = torch.where(is_leader, gap.clamp(min=0), torch.full_like(gap, max_gap))
+    best, idx = gap.min(dim=-1)                                           # [B, A]
+    lead_vel = torch.gather(vel, 1, idx[..., None].expand(-1, -1, 2))     # [B, A, 2]
+    own = c[..., 0] * vel[:, :a, 0] + s[..., 0] * vel[:, :a, 1]
+    lead = c[..., 0] * lead_vel[..., 0] + s[..., 0] * lead_vel[..., 1]
+    has = is_leader.any(dim=-1)
+    closing = torch.where(has, own - lead, torch.zeros_like(own))
+    return torch.stack([(best / max_gap).clamp(max=1.0), closing / VEL_SCALE, has.float()], -1)
+
+
 def scene_features(scene: Scene) -> Dict[str, Tensor]:
     """Conditioning tensors for the denoiser from observation scenes (``DrivingEnv.observe``
     or ``DemoDataset``). Scene frame: origin at the controlled agents' mean position,
@@ -106,6 +133,7 @@ def scene_features(scene: Scene) -> Dict[str, Tensor]:
         "agents": agents, "agent_mask": scene.agent_mask, "agent_controlled": scene.controlled,
         "polylines": polylines, "polyline_mask": scene.polyline_mask,
         "ego": ego * ctrl[:, :a, None], "agent_valid": ctrl[:, :a],
+        "leader": leader_features(now, scene.agent_mask & (now[..., 7] > 0), a) * ctrl[:, :a, None],
         "ego_state": torch.cat([ego_xy, ego_h[..., None], speed[..., None]], -1),
         "wheelbase": wheelbase_of(length).clamp(min=1.0),
     }
@@ -124,6 +152,8 @@ class PlannerConfig:
     encoder_layers: int = hfield(1, "transformer layers over scene tokens")
     decoder_blocks: int = hfield(2, "decoder blocks (self-attn + cross-attn + MLP each)")
     mlp_ratio: int = hfield(2, "MLP hidden width / d_model")
+    leader_features: bool = hfield(False, "feed each controlled agent its leader's gap and closing speed "
+                                          "(``leader_features``) as an extra ego input")
 
     def __post_init__(self) -> None:
         if self.d_model % self.heads:
@@ -193,6 +223,7 @@ class PlannerDenoiser(nn.Module):
         self.encoder = nn.TransformerEncoder(layer, cfg.encoder_layers, enable_nested_tensor=False)
         self.x_in = mlp([cfg.horizon * 2, d, d])
         self.ego_in = mlp([3 + 2 * len(ROUTE_AHEAD), d, d])
+        self.leader_in = mlp([3, d, d]) if cfg.leader_features else None
         self.t_emb = mlp([d, d, d])
         self.blocks = nn.ModuleList([DecoderBlock(d, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.decoder_blocks)])
         self.final_norm = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
@@ -217,6 +248,8 @@ class PlannerDenoiser(nn.Module):
         b, a, hzn, _ = x.shape
         scene, scene_pad, agent_tok = self.encode_scene(cond)
         h = self.x_in(x.reshape(b, a, hzn * 2)) + agent_tok[:, :a] + self.ego_in(cond["ego"])
+        if self.leader_in is not None:
+            h = h + self.leader_in(cond["leader"])
         c = self.t_emb(timestep_embedding(t, self.config.d_model))
         agent_pad = ~cond["agent_valid"]
         # a scene without a valid controlled slot would attend to nothing: let it see itself

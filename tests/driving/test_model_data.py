@@ -3,8 +3,8 @@ import torch
 
 from planners.driving.data import DemoConfig, DemoDataset, load_demos, record_demos, save_demos
 from planners.driving.dynamics import bicycle_rollout, wheelbase_of
-from planners.driving.model import (PlannerConfig, PlannerDenoiser, denoising_loss, rollout_controls,
-                                    scene_features, timestep_embedding)
+from planners.driving.model import (PlannerConfig, PlannerDenoiser, denoising_loss, leader_features,
+                                    rollout_controls, scene_features, timestep_embedding)
 from planners.driving.scenes import make_scenes
 
 SMALL = PlannerConfig(d_model=32, heads=4, decoder_blocks=2)
@@ -25,6 +25,35 @@ def test_denoiser_shapes_and_zero_output_at_init():
     assert torch.equal(v, torch.zeros_like(v))  # zero-initialised head (DiT)
     v.sum().backward()
     assert model.out.weight.grad.abs().sum() > 0
+
+
+def test_leader_features_hand_built_lane():
+    # AGENT_FEATURES x, y, heading, vx, vy, length, width, valid; slots 0 and 1 are controlled.
+    # Slot 0 at 10 m/s; agent 2 is 20 m ahead in its lane at 5 m/s (bumper gap 20 - 4 = 16 m);
+    # agent 3 is ahead but in the next lane (4.5 m aside); agent 4 is ahead in its lane but
+    # oncoming. Slot 1 has nobody ahead in its lane.
+    now = torch.tensor([[[0.0, 0.0, 0.0, 10.0, 0.0, 4.0, 2.0, 1.0],
+                         [-30.0, 4.5, 0.0, 8.0, 0.0, 4.0, 2.0, 1.0],
+                         [20.0, 0.5, 0.0, 5.0, 0.0, 4.0, 2.0, 1.0],
+                         [10.0, 4.5, 0.0, 1.0, 0.0, 4.0, 2.0, 1.0],
+                         [12.0, 0.0, 3.14159, -9.0, 0.0, 4.0, 2.0, 1.0]]])
+    valid = torch.ones(1, 5, dtype=torch.bool)
+    out = leader_features(now, valid, a=2)
+    assert out.shape == (1, 2, 3)
+    assert torch.allclose(out[0, 0], torch.tensor([16 / 50, (10 - 5) / 10, 1.0]))
+    # slot 1's lane (y = 4.5) holds agent 3, 36 m ahead (gap 36 m), slower by 7 m/s
+    assert torch.allclose(out[0, 1], torch.tensor([36 / 50, 0.7, 1.0]))
+    valid[0, 3] = False  # an invalid slot is never a leader
+    assert torch.allclose(leader_features(now, valid, a=2)[0, 1], torch.tensor([1.0, 0.0, 0.0]))
+
+
+def test_leader_input_is_opt_in_and_old_checkpoints_load():
+    cond = _cond()
+    assert cond["leader"].shape == cond["agent_valid"].shape + (3,)
+    assert PlannerDenoiser(SMALL).leader_in is None  # the committed planner's architecture
+    model = PlannerDenoiser(PlannerConfig(d_model=32, heads=4, leader_features=True)).eval()
+    a = cond["agent_valid"].shape[1]
+    assert model(torch.randn(3, a, SMALL.horizon, 2), torch.rand(3), cond).shape == (3, a, SMALL.horizon, 2)
 
 
 def test_decoder_blocks_are_identity_at_init():
