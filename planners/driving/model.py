@@ -90,6 +90,7 @@ def leader_features(now: Tensor, valid: Tensor, a: int, lane_half_width: float =
     return torch.stack([(best / max_gap).clamp(max=1.0), closing / VEL_SCALE, has.float()], -1)
 
 
+@torch.no_grad()
 def scene_features(scene: Scene) -> Dict[str, Tensor]:
     """Conditioning tensors for the denoiser from observation scenes (``DrivingEnv.observe``
     or ``DemoDataset``). Scene frame: origin at the controlled agents' mean position,

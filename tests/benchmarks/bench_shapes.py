@@ -60,17 +60,19 @@ def run(algorithm: str, seed: int, out: Path, overrides: list[str], reuse: bool 
 def headroom(out: Path, samples: int, lora: bool = True) -> dict:
     """mean_pass and pass@k of the run's final LoRA (or, lora=False, its pretrained model) on
     ``samples`` images per held-out item, with the run's own evaluation settings; cached in
-    <out>/headroom-<samples>[-base].json."""
-    cache = out / f"headroom-{samples}{'' if lora else '-base'}.json"
+    <out>/headroom-<samples>.json (the pretrained model's once per model, next to the runs)."""
+    import yaml
+
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    name = f"headroom-{samples}.json" if lora else f"headroom-{samples}-{Path(cfg['head']['path']).name}.json"
+    cache = out / name if lora else out.parent / name
     if cache.exists():
         return json.loads(cache.read_text())
     import torch
-    import yaml
 
     sys.path.insert(0, str(ROOT))
     from examples.shapes.evaluate import run as evaluate
 
-    cfg = yaml.safe_load((out / "config.yaml").read_text())
     torch.set_num_threads(1)
     metrics, _ = evaluate(str(ROOT / cfg["head"]["path"]), lora=str(out / "final") if lora else "",
                           per_category=cfg["data"]["eval_per_category"], num_steps=cfg["eval"]["num_steps"],
