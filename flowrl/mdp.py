@@ -50,6 +50,9 @@ class ChainConfig:
     train_window_size: int = hfield(0, "number of trainable steps from the start (0 = all steps)")
     window_slide_every: int = hfield(0, "slide the window by one step every N iterations (MixGRPO; 0 = fixed)")
     train_fraction: float = hfield(1.0, "random fraction of the window trained per iteration (Flow-GRPO timestep_fraction)")
+    ode_outside_window: bool = hfield(False, "training rollouts take the deterministic (evaluation) sampler's step "
+                                             "outside the trainable window, so only trained steps add noise "
+                                             "(MixGRPO's mixed ODE-SDE sampling)")
 
     def __post_init__(self) -> None:
         if self.num_steps < 1:
@@ -94,6 +97,15 @@ class DenoisingChain:
             start = (start + iteration // c.window_slide_every) % span
         end = min(start + size, c.num_steps)
         return torch.arange(start, end)
+
+    def stochastic_steps(self, iteration: int = 0) -> Optional[Tensor]:
+        """[K] bool, the steps a training rollout samples with noise at ``iteration``: the
+        window's with ``ode_outside_window``, else None (every step)."""
+        if not self.config.ode_outside_window:
+            return None
+        mask = torch.zeros(self.num_steps, dtype=torch.bool)
+        mask[self.window(iteration)] = True
+        return mask
 
     def trainable_steps(self, iteration: int, generator: Optional[torch.Generator] = None) -> Tensor:
         """[S] sorted step indices trained this iteration (a random subset of the window
@@ -145,14 +157,20 @@ def sample_chain(
     chain_generators: Optional[Sequence[torch.Generator]] = None,
     record_velocity: bool = False,
     event_ndim: Optional[int] = None,
+    stochastic: Optional[Tensor] = None,
+    ode_sampler: Optional[Sampler] = None,
 ) -> Dict[str, Optional[Tensor]]:
     """Run one chain per sample.
 
     x_init: [B, ...] noise at t = times[0]; times: [K+1]; chain_generators: B generators
-    (sample i's step noise comes only from generator i). Returns
+    (sample i's step noise comes only from generator i). stochastic: optional [K] bool;
+    where it is False, step k is ``ode_sampler``'s deterministic step (MixGRPO) and its
+    log-prob is recorded as 0 (such a step is never trained). Returns
     states [B, K+1, ...], times [B, K+1], log_probs [B, K(, A)] or None, velocities
     [B, K, ...] or None.
     """
+    if stochastic is not None and ode_sampler is None:
+        raise ValueError("sample_chain: a stochastic-step mask needs an ode_sampler for the other steps")
     b = x_init.shape[0]
     x = sampler.init(x_init, chain_generators)
     states, log_probs, velocities = [x], [], []
@@ -160,13 +178,20 @@ def sample_chain(
         t = times[k].expand(b).to(x.device)
         t_next = times[k + 1].expand(b).to(x.device)
         v = velocity_fn(x, t, cond)
-        out = sampler.step(v, x, t, t_next, generator=chain_generators, event_ndim=event_ndim)
-        x = out.x_next
+        noisy = stochastic is None or bool(stochastic[k])
+        if noisy:
+            out = sampler.step(v, x, t, t_next, generator=chain_generators, event_ndim=event_ndim)
+            x, lp = out.x_next, out.log_prob
+        else:
+            x, lp = ode_sampler.step(v, x, t, t_next).x_next, 0.0
         states.append(x)
-        log_probs.append(out.log_prob)
+        log_probs.append(lp)
         if record_velocity:
             velocities.append(v)
-    has_lp = all(lp is not None for lp in log_probs)
+    ref = next((lp for lp in log_probs if isinstance(lp, Tensor)), None)
+    has_lp = ref is not None and all(lp is not None for lp in log_probs)
+    if has_lp:
+        log_probs = [lp if isinstance(lp, Tensor) else torch.zeros_like(ref) for lp in log_probs]
     return {
         "states": torch.stack(states, dim=1),
         "times": times.to(x.device).unsqueeze(0).expand(b, -1).contiguous(),
@@ -179,6 +204,9 @@ class Environment(Protocol):
     """What the two-layer helper needs from a closed-loop environment (batched).
 
     Optional methods, used when present:
+
+    * ``check_head(head)``: raise ``ConfigError`` if the head cannot drive this
+      environment (the trainer calls it once both are built);
 
     * ``score_candidates(state, actions, num_candidates) -> score`` or ``(score, valid)``:
       per-state candidate groups (``ClosedLoop(candidates_per_state=G)``, SCORP's "G samples
@@ -256,8 +284,11 @@ class ClosedLoop:
 
     def __init__(self, head, sampler: Sampler, chain: DenoisingChain, num_env_steps: int,
                  velocity_fn: Optional[Callable[[Tensor, Tensor, Dict[str, Tensor]], Tensor]] = None,
-                 times: Optional[Tensor] = None, candidates_per_state: int = 0):
+                 times: Optional[Tensor] = None, candidates_per_state: int = 0,
+                 stochastic: Optional[Tensor] = None, ode_sampler: Optional[Sampler] = None):
+        """stochastic, ode_sampler: as in ``sample_chain`` (MixGRPO's noisy window)."""
         self.head, self.sampler, self.chain, self.num_env_steps = head, sampler, chain, num_env_steps
+        self.stochastic, self.ode_sampler = stochastic, ode_sampler
         self.velocity_fn = velocity_fn or head.velocity
         self.times = chain.times if times is None else times
         if candidates_per_state < 0 or candidates_per_state == 1:
@@ -293,7 +324,8 @@ class ClosedLoop:
                 raise ValueError(f"make_generators gave {len(gens)} generators for {b * reps} chains")
             x0 = self.head.init_noise(cond, gens)
             res = sample_chain(self.velocity_fn, self.sampler, x0, cond, self.times, gens,
-                               event_ndim=self.head.event_ndim)
+                               event_ndim=self.head.event_ndim, stochastic=self.stochastic,
+                               ode_sampler=self.ode_sampler)
             action = self.head.decode(res["states"][:, -1], cond)
             row = {**res, "cond": cond, "alive": alive.repeat_interleave(reps)}
             if g:

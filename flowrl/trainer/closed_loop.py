@@ -30,7 +30,8 @@ def rollout(trainer, it: int, items, samples: Sequence[int], group: int, group_i
     if cand and cand != group:
         raise ConfigError(f"algorithm.group_size: per-state groups need group_size == env.candidates_per_state "
                           f"({group} != {cand}); set both to the same G")
-    loop = ClosedLoop(trainer.head, trainer.sampler, trainer.chain, e, velocity_fn=trainer.model, candidates_per_state=cand)
+    loop = ClosedLoop(trainer.head, trainer.sampler, trainer.chain, e, velocity_fn=trainer.model, candidates_per_state=cand,
+                      stochastic=trainer.chain.stochastic_steps(it), ode_sampler=trainer.ode_sampler)
     if cand:  # one episode per item; candidates (not episodes) fill the group
         keep = [i for i, j in enumerate(samples) if j % group == 0]
         prompts = [samples[i] // group for i in keep]

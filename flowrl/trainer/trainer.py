@@ -84,7 +84,8 @@ class Trainer:
         self.algorithm = ALGORITHMS.get(c.algorithm.name).builder(c.algorithm)
         alphas = getattr(self.head, "alphas_cumprod", None)
         self.sampler = build_sampler(c.sampler, alphas)
-        self.eval_sampler = build_sampler(eval_sampler_config(c.sampler) if c.eval.deterministic else c.sampler, alphas)
+        self.ode_sampler = build_sampler(eval_sampler_config(c.sampler), alphas)  # also chain.ode_outside_window's
+        self.eval_sampler = self.ode_sampler if c.eval.deterministic else self.sampler
         if self.sampler.prediction != self.head.prediction:
             raise ConfigError(f"sampler.name: {c.sampler.name} expects {self.sampler.prediction} predictions but head "
                               f"{c.head.name} predicts {self.head.prediction}; pick a matching sampler")
@@ -95,6 +96,8 @@ class Trainer:
         if not self.algorithm.offline and not isinstance(self.data, ItemSource):
             raise ConfigError(f"data.name: {c.algorithm.name} trains online; choose a prompt/scene source, not {c.data.name}")
         self.env = ENVIRONMENTS.get(c.env.name).builder(c.env) if c.env is not None else None
+        if hasattr(self.env, "check_head"):  # an environment that cannot be driven by this head says so now
+            self.env.check_head(self.head)
         self.reward = CompositeReward(c.rewards) if c.rewards else None
         label = lambda r: r.label or r.name  # noqa: E731
         eval_cfgs = list(c.rewards) + [m for m in c.eval.metrics if label(m) not in {label(r) for r in c.rewards}]
@@ -148,8 +151,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ rollout
     @torch.no_grad()
-    def _rollout(self, items: Sequence[Any], init_gens, chain_gens, sampler, times) -> Dict[str, Any]:
-        """Chains for a local batch, chunked by train.rollout_batch_size."""
+    def _rollout(self, items: Sequence[Any], init_gens, chain_gens, sampler, times,
+                 stochastic: Optional[Tensor] = None) -> Dict[str, Any]:
+        """Chains for a local batch, chunked by train.rollout_batch_size; ``stochastic``: the
+        [K] steps sampled with noise (``DenoisingChain.stochastic_steps``), None = all."""
         n = len(items)
         size = self.cfg.train.rollout_batch_size or n
         parts = []
@@ -160,7 +165,8 @@ class Trainer:
             # through the prepared model (DDP/FSDP wrapper, autocast) so that rollout and
             # update compute the same log-probs
             res = sample_chain(self.model, sampler, x0, cond, times, chain_gens[sl],
-                               record_velocity=self.algorithm.record_velocity, event_ndim=self.head.event_ndim)
+                               record_velocity=self.algorithm.record_velocity, event_ndim=self.head.event_ndim,
+                               stochastic=stochastic, ode_sampler=self.ode_sampler)
             res["cond"] = cond
             parts.append(res)
         cat = lambda key: None if parts[0][key] is None else torch.cat([p[key] for p in parts])  # noqa: E731
@@ -197,7 +203,7 @@ class Trainer:
             res, scored, group_ids, sample_ids = self._rollout_closed_loop(it, items, local, g, group_ids, sample_ids)
         else:
             init_g, chain_g = self._generators(it, local, g, self.algorithm.shared_init_noise)
-            res = self._rollout(items, init_g, chain_g, self.sampler, self.chain.times)
+            res = self._rollout(items, init_g, chain_g, self.sampler, self.chain.times, self.chain.stochastic_steps(it))
             outputs = self.head.decode(res["states"][:, -1], res["cond"])
             scored = self.reward(outputs, items)
         traj = Trajectory(

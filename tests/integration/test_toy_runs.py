@@ -118,6 +118,19 @@ def test_gradient_accumulation_and_bf16_autocast(tmp_path):
     assert first["policy/ratio"] == pytest.approx(1.0, abs=1e-6) and first["policy/clipfrac"] == 0.0
 
 
+@pytest.mark.parametrize("config", ["configs/toy/flow_grpo.yaml", "configs/toy/closed_loop.yaml"])
+def test_ode_outside_window_updates_on_policy(tmp_path, config):
+    # MixGRPO's mixed sampling: only the 3 window steps are noisy; the recorded log-probs of
+    # the trained steps must be the ones the update recomputes (first ratio exactly 1)
+    out = tmp_path / "mix"
+    res = run_cli("train", config, f"output_dir={out}", "train.progress=false", "train.tensorboard=false",
+                  "max_steps=2", "chain.ode_outside_window=true", "chain.train_window_start=2",
+                  "chain.train_window_size=3")
+    assert res.returncode == 0, res.stderr[-2000:]
+    first = _rows(out)[0]
+    assert first["policy/ratio"] == pytest.approx(1.0, abs=1e-6) and first["policy/clipfrac"] == 0.0
+
+
 def test_sample_and_eval_see_the_same_samples(tmp_path):
     from safetensors.torch import load_file
 

@@ -180,6 +180,41 @@ def test_sample_chain_sde_log_probs_rescore():
     close(alone["log_probs"][0], lp[1], atol=1e-5)
 
 
+def test_stochastic_steps_follow_the_window():
+    assert DenoisingChain(ChainConfig(num_steps=5, train_window_size=2)).stochastic_steps(0) is None  # opt-in
+    chain = DenoisingChain(ChainConfig(num_steps=5, train_window_size=2, window_slide_every=2, ode_outside_window=True))
+    assert chain.stochastic_steps(0).tolist() == [True, True, False, False, False]
+    assert chain.stochastic_steps(2).tolist() == [False, True, True, False, False]  # slides with the window
+
+
+def test_sample_chain_ode_outside_the_stochastic_steps():
+    sampler, ode = FlowSDESampler.flow_grpo(0.7), EulerSampler()
+    x1 = torch.randn(3, 2, generator=torch.Generator().manual_seed(4))
+    times = time_grid(4)
+    mask = torch.tensor([True, True, False, False])
+    res = sample_chain(_vel, sampler, x1, {}, times, gens(3, 10), stochastic=mask, ode_sampler=ode)
+    st, lp = res["states"], res["log_probs"]
+    # the noisy steps are exactly the SDE chain's first two steps (same generators) ...
+    full = sample_chain(_vel, sampler, x1, {}, times, gens(3, 10))
+    close(st[:, :3], full["states"][:, :3])
+    close(lp[:, :2], full["log_probs"][:, :2], atol=1e-5)
+    # ... and the others are Euler steps x + (t_next - t) v, recorded with log-prob 0
+    for k in (2, 3):
+        t = times[k].expand(3)
+        close(st[:, k + 1], st[:, k] + (times[k + 1] - times[k]) * _vel(st[:, k], t, {}), atol=1e-6)
+    assert torch.equal(lp[:, 2:], torch.zeros(3, 2))
+    # all steps noisy = no mask; no noisy step = the ODE chain, without log-probs
+    same = sample_chain(_vel, sampler, x1, {}, times, gens(3, 10), stochastic=torch.ones(4, dtype=torch.bool),
+                        ode_sampler=ode)
+    close(same["states"], full["states"])
+    none = sample_chain(_vel, sampler, x1, {}, times, gens(3, 10), stochastic=torch.zeros(4, dtype=torch.bool),
+                        ode_sampler=ode)
+    close(none["states"], sample_chain(_vel, ode, x1, {}, times)["states"])
+    assert none["log_probs"] is None
+    with pytest.raises(ValueError, match="ode_sampler"):
+        sample_chain(_vel, sampler, x1, {}, times, gens(3, 10), stochastic=mask)
+
+
 # ----------------------------------------------------------------------------- closed loop
 B, E, KC = 2, 3, 3
 
