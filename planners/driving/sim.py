@@ -64,8 +64,8 @@ class DrivingEnvConfig:
     candidates_per_state: int = hfield(10, "closed-loop training (SCORP): G candidate chunks are planned per state, "
                                            "scored by simulating each from a copy of the state, the best is executed "
                                            "and all G form the group (0 = groups of whole episodes)")
-    score_steps: int = hfield(0, "ticks each candidate chunk is simulated to score it "
-                                 "(0, or more than the chunk has, = the whole chunk)")
+    score_steps: int = hfield(0, "ticks each candidate chunk is simulated to score it (0 = the whole chunk; "
+                                 "at most the planner's horizon)")
     expert_seed: int = hfield(0, "seed of the expert run on evaluation scenes (ADE to the expert)")
     render_scenes: int = hfield(3, "evaluation scenes drawn to before/after GIFs (0 = none)")
     scene_cache: int = hfield(4096, "scenes kept in memory by seed (0 = regenerate every reset)")
@@ -305,6 +305,17 @@ class DrivingEnv:
         reward = dense_reward(chunk, self.config) * chunk.valid
         done = state.tick >= self.config.episode_steps
         return state, reward, done
+
+    def check_head(self, head) -> None:
+        """Called by the trainer once the head is built: a chunk must cover the ticks this
+        environment executes and scores (ConfigError otherwise)."""
+        from flowrl.registry import ConfigError
+
+        horizon = head.config.planner.horizon
+        for key in ("execute_steps", "score_steps"):
+            if getattr(self.config, key) > horizon:
+                raise ConfigError(f"env.{key}={getattr(self.config, key)} is longer than the planner's "
+                                  f"{horizon}-tick chunk; set env.{key} <= {horizon}")
 
     # ---- per-state candidate groups (flowrl.mdp.ClosedLoop, candidates_per_state)
     @torch.no_grad()

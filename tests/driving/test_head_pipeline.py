@@ -121,6 +121,15 @@ def test_ci_config_runs_and_is_deterministic(tmp_path):
 
 
 @pytest.mark.skipif(not (PRETRAINED / "model.safetensors").exists(), reason="no committed pretrained planner")
+def test_env_longer_than_the_chunk_is_a_config_error(tmp_path):
+    from flowrl.cli import main
+
+    out = tmp_path / "run"
+    code = main(["train", str(ROOT / "configs/driving/ci.yaml"), f"output_dir={out}", "env.score_steps=21"])
+    assert code == 2 and not out.exists()  # the 20-tick planner cannot be scored over 21 ticks
+
+
+@pytest.mark.skipif(not (PRETRAINED / "model.safetensors").exists(), reason="no committed pretrained planner")
 def test_example_smoke(tmp_path, monkeypatch, capsys):
     import runpy
 
