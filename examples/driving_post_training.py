@@ -43,13 +43,13 @@ def main() -> None:
         sampler=SamplerConfig(name="flow_sde", eta=0.3),
         chain=ChainConfig(num_steps=3 if args.tiny else 5, train_fraction=1.0 if args.tiny else 0.6),
         algorithm=VGGRPOConfig(group_size=g, std1=1.0, std2=2.0, num_minibatches=1 if args.tiny else 2),
-        data=DrivingScenesConfig(num_eval=4 if args.tiny else 64),
+        data=DrivingScenesConfig(num_eval=4 if args.tiny else 256),
         env=DrivingEnvConfig(episode_steps=10 if args.tiny else 40, execute_steps=5, candidates_per_state=g,
                              score_steps=10 if args.tiny else 20, progress_clip=1.0, collision_reward="at_fault",
                              render_scenes=1 if args.tiny else 3),
-        eval=EvalConfig(num_items=4 if args.tiny else 64, samples_per_item=1),
+        eval=EvalConfig(num_items=4 if args.tiny else 256, samples_per_item=1),
         optim=OptimConfig(lr=1e-4, weight_decay=0.0),
-        train=TrainerConfig(prompts_per_step=2 if args.tiny else 4, progress=False, tensorboard=False,
+        train=TrainerConfig(prompts_per_step=2 if args.tiny else 16, progress=False, tensorboard=False,
                             curves=not args.tiny),
     )
     report = Trainer(config).train()
