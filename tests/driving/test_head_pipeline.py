@@ -19,7 +19,6 @@ from planners.driving.scenes import make_scenes
 from planners.driving.sources import DrivingDemos, DrivingDemosConfig, DrivingScenes, DrivingScenesConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-PRETRAINED = ROOT / "planners" / "driving" / "pretrained"
 SMALL = PlannerConfig(d_model=32, heads=4, decoder_blocks=1, horizon=10)
 
 
@@ -101,7 +100,6 @@ def test_sources_are_disjoint_and_demos_train_offline(tmp_path):
     assert per.shape == (3,) and bool((per > per_fm).all())
 
 
-@pytest.mark.skipif(not (PRETRAINED / "model.safetensors").exists(), reason="no committed pretrained planner")
 def test_ci_config_runs_and_is_deterministic(tmp_path):
     from flowrl.config import load_config
     from flowrl.trainer import Trainer
@@ -120,7 +118,6 @@ def test_ci_config_runs_and_is_deterministic(tmp_path):
     assert "adv/dropped_group_frac" in rows[-1] and "policy/kl_ref" in rows[-1] and "grad_norm" in rows[-1]
 
 
-@pytest.mark.skipif(not (PRETRAINED / "model.safetensors").exists(), reason="no committed pretrained planner")
 def test_env_longer_than_the_chunk_is_a_config_error(tmp_path):
     from flowrl.cli import main
 
@@ -129,7 +126,6 @@ def test_env_longer_than_the_chunk_is_a_config_error(tmp_path):
     assert code == 2 and not out.exists()  # the 20-tick planner cannot be scored over 21 ticks
 
 
-@pytest.mark.skipif(not (PRETRAINED / "model.safetensors").exists(), reason="no committed pretrained planner")
 def test_example_smoke(tmp_path, monkeypatch, capsys):
     import runpy
 
