@@ -35,7 +35,9 @@ class FDFOConfig(AlgorithmConfig):
     """FDFO paper defaults."""
 
     name: str = hfield("fdfo", "algorithm name")
-    eps: float = hfield(0.03, "trust-region width eps of the surrogate")
+    eps: float = hfield(0.03, "trust-region width eps of the surrogate; it acts only from the second optimizer step "
+                              "on a rollout (inner_epochs or num_minibatches > 1): at the first, rho = 1 and the "
+                              "penalty's gradient is zero")
     base_weight: float = hfield(0.0, "lambda: weight of ||v_theta - v_base||^2 to the starting policy")
     delta_floor: float = hfield(1e-8, "floor on mean(delta^2) when normalising (identical branches)")
     skip_ties: bool = hfield(True, "leave pairs with equal rewards out of the update: their loss and gradient are "
