@@ -36,7 +36,7 @@ from flowrl.types import RewardOutput
 from rewards.base import REWARDS, Reward, RewardConfig
 from rewards.images import check_images
 from rewards.shapes.prompts import CATEGORIES, item_spec
-from rewards.shapes.world import BACKGROUND, COLOURS, SHAPES, coverage, relation_holds
+from rewards.shapes.world import BACKGROUND, COLOURS, SHAPES, coverage, relation_holds, relation_margin
 
 _PALETTE = np.asarray([COLOURS[c] for c in COLOURS], dtype=np.float64)  # [K, 3]
 _NAMES = list(COLOURS)
@@ -211,6 +211,18 @@ def _relation_holds(groups: Sequence[Sequence[Detection]], rel: str) -> bool:
     return any(relation_holds((x.cx, x.cy), (y.cx, y.cy), rel) for x in groups[0] for y in groups[1] if x is not y)
 
 
+def _relation_credit(groups: Sequence[Sequence[Detection]], rel: str, graded: bool) -> float:
+    """1 if the relation holds for some pair, else 0 -- or, ``graded``, (1 + margin) / 2 in
+    [0, 0.5) for the best pair's ``relation_margin`` (0 without a pair), so the credit rises
+    continuously as the objects move towards the relation."""
+    if _relation_holds(groups, rel):
+        return 1.0
+    if not graded:
+        return 0.0
+    margins = [relation_margin((x.cx, x.cy), (y.cx, y.cy), rel) for x in groups[0] for y in groups[1] if x is not y]
+    return (1.0 + max(margins)) / 2 if margins else 0.0
+
+
 def _count_credit(found: int, want: int, exact: bool) -> float:
     """1 at the right count, falling linearly: exact counts are penalised both ways."""
     if exact:
@@ -218,14 +230,14 @@ def _count_credit(found: int, want: int, exact: bool) -> float:
     return min(found, want) / want
 
 
-def credit(detections: Sequence[Detection], item: Dict[str, Any], strict: bool = True) -> float:
+def credit(detections: Sequence[Detection], item: Dict[str, Any], strict: bool = True, graded: bool = False) -> float:
     """Partial credit in [0, 1] of the detected objects for the prompt ``item``; 1.0 exactly
     when ``satisfies`` holds.
 
     The mean of the checks ``satisfies`` makes: one count check per object spec (found
     objects of that shape and colour against the count, see ``_count_credit``); with
     ``strict``, the share of detections the prompt names and the total count; the relation
-    (0 or 1) when there is one.
+    (0 or 1, or with ``graded`` see ``_relation_credit``) when there is one.
     """
     objects = item["objects"]
     groups = [[d for d in detections if _matches(d, o)] for o in objects]
@@ -237,7 +249,7 @@ def credit(detections: Sequence[Detection], item: Dict[str, Any], strict: bool =
         terms.append(_count_credit(len(detections), sum(o["count"] for o in objects), True))
     rel = item.get("relation")
     if rel:
-        terms.append(float(_relation_holds(groups, rel)))
+        terms.append(_relation_credit(groups, rel, graded))
     return float(np.mean(terms))
 
 
@@ -248,14 +260,13 @@ def _to_hwc255(images: torch.Tensor) -> np.ndarray:
 
 
 def judge(images: torch.Tensor, items: Sequence[Any], strict: bool = True,
-          params: DetectParams = DetectParams(), partial: bool = False
+          params: DetectParams = DetectParams(), partial: bool = False, graded: bool = False
           ) -> Tuple[List[Optional[Any]], List[Optional[str]]]:
-    """Per-image verdicts: ([B] True/False -- or with ``partial`` the ``credit`` in [0, 1] --
-    or None where the item is not a shapes prompt; [B] category or None)."""
+    """Per-image verdicts: ([B] True/False -- or with ``partial`` the ``credit`` in [0, 1],
+    ``graded`` passed on -- or None where the item is not a shapes prompt; [B] category or None)."""
     arr = _to_hwc255(images)
     if len(arr) != len(items):
         raise ValueError(f"{len(arr)} images but {len(items)} items")
-    check = credit if partial else satisfies
     verdicts: List[Optional[Any]] = []
     cats: List[Optional[str]] = []
     for img, item in zip(arr, items):
@@ -264,7 +275,8 @@ def judge(images: torch.Tensor, items: Sequence[Any], strict: bool = True,
             verdicts.append(None)
             cats.append(None)
             continue
-        verdicts.append(check(detect(img, params), spec, strict))
+        dets = detect(img, params)
+        verdicts.append(credit(dets, spec, strict, graded) if partial else satisfies(dets, spec, strict))
         cats.append(spec.get("category"))
     return verdicts, cats
 
@@ -310,9 +322,14 @@ class ShapesEvalConfig(RewardConfig):
     partial: bool = hfield(False, "score partial credit in [0, 1] (the mean of the prompt's count, purity and "
                                   "relation checks; 1 exactly when the image passes) instead of pass/fail: "
                                   "a denser training signal; evaluate with the pass/fail default")
+    graded: bool = hfield(False, "with partial: a failed relation scores (1 + margin) / 2 in [0, 0.5) from how "
+                                 "far the centres are from satisfying it, instead of 0 (continuous in the image, "
+                                 "so finite differences of close samples see it)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.graded and not self.partial:
+            raise ConfigError(f"{self.name}.graded: needs partial: true (pass/fail has no graded terms)")
         for key in ("bg_tol", "colour_tol"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"{self.name}.{key}: must be > 0, got {getattr(self, key)}")
@@ -335,7 +352,7 @@ class ShapesEval(Reward):
     def score(self, outputs: torch.Tensor, batch: Sequence[Any]) -> RewardOutput:
         c = self.config
         params = DetectParams(c.bg_tol, c.colour_tol, c.min_area, c.min_iou)
-        verdicts, cats = judge(outputs, batch, c.strict, params, c.partial)
+        verdicts, cats = judge(outputs, batch, c.strict, params, c.partial, c.graded)
         finite = torch.isfinite(outputs.reshape(outputs.shape[0], -1)).all(1).cpu()
         score = torch.tensor([float(v) if v is not None else 0.0 for v in verdicts], dtype=torch.float32)
         valid = torch.tensor([v is not None for v in verdicts], dtype=torch.bool) & finite

@@ -205,6 +205,19 @@ def relation_holds(a: Tuple[float, float], b: Tuple[float, float], relation: str
     raise ValueError(f"unknown relation {relation!r}; choose one of {RELATIONS}")
 
 
+def relation_margin(a: Tuple[float, float], b: Tuple[float, float], relation: str) -> float:
+    """Signed margin in [-1, 1] of "A <relation> B" for centres a, b: (the relation's
+    displacement component - |the other component|) / (|dx| + |dy|). It is > 0 exactly when
+    ``relation_holds`` (ratio 1) and varies continuously with the centres; 0 when a == b."""
+    dx, dy = b[0] - a[0], b[1] - a[1]
+    along = {"left of": dx, "right of": -dx, "above": dy, "below": -dy}
+    if relation not in along:
+        raise ValueError(f"unknown relation {relation!r}; choose one of {RELATIONS}")
+    across = abs(dy) if relation in ("left of", "right of") else abs(dx)
+    norm = abs(dx) + abs(dy)
+    return (along[relation] - across) / norm if norm > 0 else 0.0
+
+
 def valid_layout(scene: Scene) -> bool:
     """The SPEC's layout rules: 1..MAX_OBJECTS objects, sizes in range, margins, no overlap."""
     objs = scene.objects
@@ -260,5 +273,6 @@ def random_scene(rng: np.random.Generator, num_objects: Optional[int] = None) ->
 
 __all__ = ["SHAPES", "COLOURS", "BACKGROUND", "RELATIONS", "DEFAULT_SIZE", "SUPERSAMPLE", "SIZE_MIN", "SIZE_MAX",
            "MARGIN", "GAP", "MAX_OBJECTS", "RELATION_RATIO", "Obj", "Scene", "inside", "sample_grid", "coverage",
-           "render", "render_batch", "to_tensor", "separated", "in_bounds", "relation_holds", "valid_layout",
+           "render", "render_batch", "to_tensor", "separated", "in_bounds", "relation_holds", "relation_margin",
+           "valid_layout",
            "sample_layout", "random_scene"]

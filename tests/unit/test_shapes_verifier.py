@@ -107,14 +107,15 @@ def test_strict_and_lenient_semantics():
     assert not satisfies(dets, spec("a blue circle and a red square"), strict=False)
 
 
+@pytest.mark.parametrize("graded", [False, True], ids=["relation01", "graded"])
 @pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])
-def test_partial_credit_is_one_exactly_when_the_image_passes(ground_truth, strict):
+def test_partial_credit_is_one_exactly_when_the_image_passes(ground_truth, strict, graded):
     items, _, dets = ground_truth
     rng = np.random.default_rng(5)
     pairs = [(d, it) for d, it in zip(dets, items)]
     pairs += [(d, P.item_spec(P.mismatch(it, kind, rng))) for d, it in zip(dets, items)
               for kind in P.MISMATCHES[it["category"]]]
-    scores = np.array([credit(d, it, strict) for d, it in pairs])
+    scores = np.array([credit(d, it, strict, graded) for d, it in pairs])
     passes = np.array([satisfies(d, it, strict) for d, it in pairs])
     assert ((scores >= 0) & (scores <= 1)).all()
     assert ((scores == 1.0) == passes).all()
@@ -134,6 +135,22 @@ def test_partial_credit_hand_cases():
     # lenient: the red circle is left of the square, the square is not left of any circle
     assert credit(dets, spec("a square left of a circle"), strict=False) == pytest.approx(2 / 3)
     assert credit([], spec("a circle")) == 0.0
+
+
+def test_graded_relation_credit_rises_as_objects_move_towards_the_relation():
+    spec = P.item_spec("a circle above a square")
+    flat, graded = [], []
+    for y in np.linspace(0.7, 0.3, 6):  # the circle rises; "above" holds once dy > |dx| = 0.35 (last two)
+        scene = W.Scene((W.Obj("circle", "red", 0.25, float(y), 0.25), W.Obj("square", "blue", 0.6, 0.75, 0.25)))
+        dets = detect(W.render(scene).astype(float))
+        flat.append(credit(dets, spec))
+        graded.append(credit(dets, spec, graded=True))
+    assert flat == [pytest.approx(0.8)] * 4 + [1.0, 1.0]  # four checks pass, the relation is 0/1
+    assert np.all(np.diff(graded[:4]) > 0) and graded[3] < 0.9 and graded[4:] == [1.0, 1.0]
+    # at y = 0.7: dy = 0.05, |dx| = 0.35 -> margin -0.75 -> relation term 0.125
+    assert graded[0] == pytest.approx((4 + 0.125) / 5, abs=0.01)
+    assert credit(detect(W.render(W.Scene((W.Obj("circle", "red", 0.5, 0.5, 0.3),))).astype(float)),
+                  spec, graded=True) == pytest.approx((1 + 0 + 1 + 0.5 + 0) / 5)  # no square: no pair, relation 0
 
 
 def test_reward_is_registered_and_scores_batches():
@@ -167,6 +184,6 @@ def test_partial_reward_scores_credit_and_reports_pass_rates():
 
 def test_config_validation():
     ShapesEvalConfig(strict=False, min_iou=0.5)
-    for bad in ({"bg_tol": 0}, {"colour_tol": -1}, {"min_area": 1.0}, {"min_iou": 0}):
+    for bad in ({"bg_tol": 0}, {"colour_tol": -1}, {"min_area": 1.0}, {"min_iou": 0}, {"graded": True}):
         with pytest.raises(ConfigError):
             ShapesEvalConfig(**bad)

@@ -85,6 +85,24 @@ def test_coordinate_convention_and_shape_geometry():
     assert holds == [True, False, False, False]
 
 
+def test_relation_margin_signs_bounds_and_continuity():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        a, b = tuple(rng.uniform(0, 1, 2)), tuple(rng.uniform(0, 1, 2))
+        for r in W.RELATIONS:
+            m = W.relation_margin(a, b, r)
+            assert -1 <= m <= 1 and (m > 0) == W.relation_holds(a, b, r)
+    assert W.relation_margin((0.2, 0.5), (0.8, 0.5), "left of") == 1.0
+    assert W.relation_margin((0.2, 0.5), (0.8, 0.5), "right of") == -1.0
+    assert W.relation_margin((0.5, 0.5), (0.7, 0.7), "below") == pytest.approx(-1.0)
+    assert W.relation_margin((0.5, 0.5), (0.5, 0.5), "above") == 0.0
+    ys = np.linspace(0.45, 0.25, 9)  # A rises towards "above B" at (0.7, 0.45)
+    ms = [W.relation_margin((0.3, y), (0.7, 0.45), "above") for y in ys]
+    assert np.all(np.diff(ms) > 0)
+    with pytest.raises(ValueError):
+        W.relation_margin(a, b, "near")
+
+
 def test_ground_truth_relations_have_the_spec_margin():
     rng = np.random.default_rng(7)
     for it in [i for i in P.all_prompts() if i["category"] == "position"]:
