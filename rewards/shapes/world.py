@@ -190,32 +190,31 @@ def in_bounds(o: Obj, margin: float = MARGIN) -> bool:
     return x0 >= lo and y0 >= lo and x1 <= hi and y1 <= hi
 
 
+def _along_across(a: Tuple[float, float], b: Tuple[float, float], relation: str) -> Tuple[float, float]:
+    """(signed displacement component the relation names, |the other component|) of the
+    centres a -> b; "A left of B" wants b to the right of a (x right, y down)."""
+    dx, dy = b[0] - a[0], b[1] - a[1]
+    if relation in ("left of", "right of"):
+        return (dx if relation == "left of" else -dx), abs(dy)
+    if relation in ("above", "below"):
+        return (dy if relation == "above" else -dy), abs(dx)
+    raise ValueError(f"unknown relation {relation!r}; choose one of {RELATIONS}")
+
+
 def relation_holds(a: Tuple[float, float], b: Tuple[float, float], relation: str, ratio: float = 1.0) -> bool:
     """Does "A <relation> B" hold for centres a = (x, y), b = (x, y)? The dominant
     displacement component must exceed ``ratio`` times the other one (1 = the SPEC rule)."""
-    dx, dy = b[0] - a[0], b[1] - a[1]
-    if relation == "left of":
-        return dx > ratio * abs(dy)
-    if relation == "right of":
-        return -dx > ratio * abs(dy)
-    if relation == "above":
-        return dy > ratio * abs(dx)
-    if relation == "below":
-        return -dy > ratio * abs(dx)
-    raise ValueError(f"unknown relation {relation!r}; choose one of {RELATIONS}")
+    along, across = _along_across(a, b, relation)
+    return along > ratio * across
 
 
 def relation_margin(a: Tuple[float, float], b: Tuple[float, float], relation: str) -> float:
     """Signed margin in [-1, 1] of "A <relation> B" for centres a, b: (the relation's
     displacement component - |the other component|) / (|dx| + |dy|). It is > 0 exactly when
     ``relation_holds`` (ratio 1) and varies continuously with the centres; 0 when a == b."""
-    dx, dy = b[0] - a[0], b[1] - a[1]
-    along = {"left of": dx, "right of": -dx, "above": dy, "below": -dy}
-    if relation not in along:
-        raise ValueError(f"unknown relation {relation!r}; choose one of {RELATIONS}")
-    across = abs(dy) if relation in ("left of", "right of") else abs(dx)
-    norm = abs(dx) + abs(dy)
-    return (along[relation] - across) / norm if norm > 0 else 0.0
+    along, across = _along_across(a, b, relation)
+    norm = abs(along) + across
+    return (along - across) / norm if norm > 0 else 0.0
 
 
 def valid_layout(scene: Scene) -> bool:
