@@ -1,6 +1,6 @@
 """Recipe: closed-loop VG-GRPO post-training of the pretrained driving planner (SCORP).
 
-    python examples/driving_post_training.py [--steps 30] [--output-dir outputs/driving_example]
+    python examples/driving_post_training.py [--steps 60] [--output-dir outputs/driving_example]
     python examples/driving_post_training.py --steps 1 --tiny        # a smoke run (seconds)
 
 Builds the dataclasses that ``configs/driving/vg_grpo.yaml`` serialises, runs the one
@@ -26,7 +26,7 @@ METRICS = ("collision_rate", "offroad_rate", "avg_speed", "progress", "ttc_unsaf
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--output-dir", default="outputs/driving_example")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tiny", action="store_true", help="tiny budget (2 scenes, 2 replans, 4 candidates)")
