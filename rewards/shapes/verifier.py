@@ -230,14 +230,16 @@ def _count_credit(found: int, want: int, exact: bool) -> float:
     return min(found, want) / want
 
 
-def credit(detections: Sequence[Detection], item: Dict[str, Any], strict: bool = True, graded: bool = False) -> float:
+def credit(detections: Sequence[Detection], item: Dict[str, Any], strict: bool = True, graded: bool = False,
+           relation_weight: float = 1.0) -> float:
     """Partial credit in [0, 1] of the detected objects for the prompt ``item``; 1.0 exactly
     when ``satisfies`` holds.
 
-    The mean of the checks ``satisfies`` makes: one count check per object spec (found
-    objects of that shape and colour against the count, see ``_count_credit``); with
-    ``strict``, the share of detections the prompt names and the total count; the relation
-    (0 or 1, or with ``graded`` see ``_relation_credit``) when there is one.
+    The weighted mean of the checks ``satisfies`` makes: one count check per object spec
+    (found objects of that shape and colour against the count, see ``_count_credit``); with
+    ``strict``, the share of detections the prompt names and the total count (weight 1
+    each); the relation (0 or 1, or with ``graded`` see ``_relation_credit``; weight
+    ``relation_weight``) when there is one.
     """
     objects = item["objects"]
     groups = [[d for d in detections if _matches(d, o)] for o in objects]
@@ -247,10 +249,12 @@ def credit(detections: Sequence[Detection], item: Dict[str, Any], strict: bool =
         named = sum(any(_matches(d, o) for o in objects) for d in detections)
         terms.append(named / len(detections) if detections else 0.0)
         terms.append(_count_credit(len(detections), sum(o["count"] for o in objects), True))
+    weights = [1.0] * len(terms)
     rel = item.get("relation")
     if rel:
         terms.append(_relation_credit(groups, rel, graded))
-    return float(np.mean(terms))
+        weights.append(relation_weight)
+    return float(np.average(terms, weights=weights))
 
 
 def _to_hwc255(images: torch.Tensor) -> np.ndarray:
@@ -260,10 +264,11 @@ def _to_hwc255(images: torch.Tensor) -> np.ndarray:
 
 
 def judge(images: torch.Tensor, items: Sequence[Any], strict: bool = True,
-          params: DetectParams = DetectParams(), partial: bool = False, graded: bool = False
-          ) -> Tuple[List[Optional[Any]], List[Optional[str]]]:
+          params: DetectParams = DetectParams(), partial: bool = False, graded: bool = False,
+          relation_weight: float = 1.0) -> Tuple[List[Optional[Any]], List[Optional[str]]]:
     """Per-image verdicts: ([B] True/False -- or with ``partial`` the ``credit`` in [0, 1],
-    ``graded`` passed on -- or None where the item is not a shapes prompt; [B] category or None)."""
+    ``graded`` and ``relation_weight`` passed on -- or None where the item is not a shapes
+    prompt; [B] category or None)."""
     arr = _to_hwc255(images)
     if len(arr) != len(items):
         raise ValueError(f"{len(arr)} images but {len(items)} items")
@@ -276,7 +281,8 @@ def judge(images: torch.Tensor, items: Sequence[Any], strict: bool = True,
             cats.append(None)
             continue
         dets = detect(img, params)
-        verdicts.append(credit(dets, spec, strict, graded) if partial else satisfies(dets, spec, strict))
+        verdicts.append(credit(dets, spec, strict, graded, relation_weight) if partial
+                        else satisfies(dets, spec, strict))
         cats.append(spec.get("category"))
     return verdicts, cats
 
@@ -325,11 +331,18 @@ class ShapesEvalConfig(RewardConfig):
     graded: bool = hfield(False, "with partial: a failed relation scores (1 + margin) / 2 in [0, 0.5) from how "
                                  "far the centres are from satisfying it, instead of 0 (continuous in the image, "
                                  "so finite differences of close samples see it)")
+    relation_weight: float = hfield(1.0, "with partial: weight of the relation check against 1 for each other check "
+                                         "(position prompts have four others); > 1 gives the relation a larger "
+                                         "share of the training signal")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.graded and not self.partial:
             raise ConfigError(f"{self.name}.graded: needs partial: true (pass/fail has no graded terms)")
+        if not self.relation_weight > 0:
+            raise ConfigError(f"{self.name}.relation_weight: must be > 0, got {self.relation_weight}")
+        if self.relation_weight != 1.0 and not self.partial:
+            raise ConfigError(f"{self.name}.relation_weight: needs partial: true (pass/fail has no weighted terms)")
         for key in ("bg_tol", "colour_tol"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"{self.name}.{key}: must be > 0, got {getattr(self, key)}")
@@ -352,7 +365,7 @@ class ShapesEval(Reward):
     def score(self, outputs: torch.Tensor, batch: Sequence[Any]) -> RewardOutput:
         c = self.config
         params = DetectParams(c.bg_tol, c.colour_tol, c.min_area, c.min_iou)
-        verdicts, cats = judge(outputs, batch, c.strict, params, c.partial, c.graded)
+        verdicts, cats = judge(outputs, batch, c.strict, params, c.partial, c.graded, c.relation_weight)
         finite = torch.isfinite(outputs.reshape(outputs.shape[0], -1)).all(1).cpu()
         score = torch.tensor([float(v) if v is not None else 0.0 for v in verdicts], dtype=torch.float32)
         valid = torch.tensor([v is not None for v in verdicts], dtype=torch.bool) & finite

@@ -153,6 +153,23 @@ def test_graded_relation_credit_rises_as_objects_move_towards_the_relation():
                   spec, graded=True) == pytest.approx((1 + 0 + 1 + 0.5 + 0) / 5)  # no square: no pair, relation 0
 
 
+def test_relation_weight_scales_the_relation_share_of_partial_credit():
+    # the four other checks pass and the relation fails (0/1): credit 4 / (4 + w)
+    scene = W.Scene((W.Obj("circle", "red", 0.25, 0.7, 0.25), W.Obj("square", "blue", 0.6, 0.75, 0.25)))
+    dets = detect(W.render(scene).astype(float))
+    spec = P.item_spec("a circle above a square")
+    for w in (1.0, 4.0, 0.5):
+        assert credit(dets, spec, relation_weight=w) == pytest.approx(4 / (4 + w))
+    assert credit(dets, P.item_spec("a circle and a square"), relation_weight=4.0) == 1.0  # no relation: no effect
+    moved = detect(W.render(W.Scene((W.Obj("circle", "red", 0.6, 0.3, 0.25),
+                                     W.Obj("square", "blue", 0.6, 0.75, 0.25)))).astype(float))
+    assert credit(moved, spec, relation_weight=4.0) == 1.0
+    with pytest.raises(ConfigError, match="relation_weight"):
+        ShapesEvalConfig(partial=True, relation_weight=0.0)
+    with pytest.raises(ConfigError, match="needs partial"):
+        ShapesEvalConfig(relation_weight=2.0)
+
+
 def test_reward_is_registered_and_scores_batches():
     assert "shapes_eval" in REWARDS.names()
     reward = build_reward(ShapesEvalConfig())
