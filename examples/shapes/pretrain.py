@@ -35,7 +35,9 @@ round blob. The convolutional UNet draws corners and edges within 1000 steps.
 Training data: renders of the PRETRAIN prompts of ``split_prompts(split_seed)`` only
 (``--scenes-per-prompt`` random ground-truth scenes each, seeded); prompts are drawn half
 uniformly over prompts and half uniformly over categories; ``--cfg-dropout`` of the
-captions are replaced by the empty prompt (the negative prompt of CFG). Loss: rectified
+captions are replaced by the empty prompt (the negative prompt of CFG); ``--caption-noise``
+(default 0, the committed model) replaces that share of the others by a near miss of the
+same category (``noisy_captions``), as web captions' noise does. Loss: rectified
 flow, x_t = (1 - t) x0 + t eps, target eps - x0, t uniform in [0, 1] (``--t-dist``) then
 shifted by ``--shift`` like the scheduler. AdamW, linear warm-up then cosine decay, an EMA
 of the weights (``--ema``; the curve and the saved pipeline use it); everything is seeded by
@@ -63,7 +65,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from rewards.shapes.prompts import CATEGORIES, sample_scene, split_prompts, take_per_category  # noqa: E402
+from rewards.shapes.prompts import (  # noqa: E402
+    CATEGORIES, MISMATCHES, is_held_out, mismatch, sample_scene, split_prompts, take_per_category)
 from rewards.shapes.world import render  # noqa: E402
 
 BIG = 1000.0        # K: carrier offset of the identity autoencoder
@@ -135,6 +138,23 @@ def render_dataset(items: Sequence[Dict], per_prompt: int, seed: int) -> np.ndar
         g = np.random.default_rng([seed, i])
         for j in range(per_prompt):
             out[i, j] = render(sample_scene(it, g))
+    return out
+
+
+def noisy_captions(caps: List[str], items: Sequence[Dict], p: float, rng: np.random.Generator) -> List[str]:
+    """Replace a share ``p`` of the non-empty captions by a near-miss prompt of the image's item
+    (``mismatch``: wrong shape / colour / count, swapped relation or binding), so the caption
+    no longer describes its image. Near misses that are held-out prompts are redrawn (up to 8
+    tries, then the true caption stays), so no held-out prompt is ever a caption."""
+    out = list(caps)
+    for k, (c, it, u) in enumerate(zip(caps, items, rng.random(len(caps)))):
+        if c and u < p:
+            kinds = MISMATCHES[it["category"]]
+            for _ in range(8):
+                wrong = mismatch(it, kinds[int(rng.integers(len(kinds)))], rng)
+                if not is_held_out(wrong):
+                    out[k] = wrong["prompt"]
+                    break
     return out
 
 
@@ -278,6 +298,9 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--cfg-dropout", type=float, default=0.1)
+    ap.add_argument("--caption-noise", type=float, default=0.0,
+                    help="share of captions replaced by a near-miss prompt of the same category "
+                         "(rewards.shapes.prompts.mismatch; never a held-out prompt), like web captions' noise")
     ap.add_argument("--t-dist", choices=["uniform", "logit_normal"], default="uniform")
     ap.add_argument("--shift", type=float, default=3.0, help="scheduler shift S; training t -> S t / (1 + (S-1) t)")
     ap.add_argument("--ema", type=float, default=0.999)
@@ -384,6 +407,8 @@ def main(argv=None) -> None:
         si = g.integers(0, data.shape[1], size=args.batch_size)
         imgs = torch.from_numpy(data[pi, si]).permute(0, 3, 1, 2).float().div(255).contiguous()
         caps = [prompts[i] if u >= args.cfg_dropout else "" for i, u in zip(pi, g.random(args.batch_size))]
+        if args.caption_noise > 0:
+            caps = noisy_captions(caps, [items[i] for i in pi], args.caption_noise, g)
         with torch.no_grad():
             x0 = to_latent(pipe, imgs)
         uniq = list(dict.fromkeys(caps))

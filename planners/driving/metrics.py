@@ -30,12 +30,12 @@ class RewardWeights:
     ttc: float = 0.0
     comfort: float = 0.0
     progress_clip: float = 1.5  # normalised progress above this earns nothing more
-    at_fault: bool = False  # penalise only at-fault collisions (``sim.at_fault``)
+    collisions: str = "any"  # which collisions are penalised: any, at_fault or at_fault_or_traffic (``sim``)
 
     @staticmethod
     def from_env(config) -> "RewardWeights":
         return RewardWeights(config.w_collision, config.w_offroad, config.w_progress, config.w_ttc, config.w_comfort,
-                             getattr(config, "progress_clip", 1.5), getattr(config, "collision_reward", "any") == "at_fault")
+                             getattr(config, "progress_clip", 1.5), getattr(config, "collision_reward", "any"))
 
 
 def normalised_progress(progress: Tensor, expected: Tensor, clip: float = 1.5) -> Tensor:
@@ -60,10 +60,21 @@ def dense_reward_terms(collision: Tensor, offroad: Tensor, progress: Tensor, exp
     return r
 
 
+def penalised_collisions(chunk, which: str = "any") -> Tensor:
+    """[B, A, E] bool: the collisions of a ``sim.ChunkRecord`` that the reward penalises."""
+    if which == "any":
+        return chunk.collision
+    if which == "at_fault":
+        return chunk.collision_at_fault
+    if which == "at_fault_or_traffic":
+        return chunk.collision_at_fault | chunk.collision_by_traffic
+    raise ValueError(f"unknown collision_reward {which!r}")
+
+
 def dense_reward(chunk, config=None, weights: Optional[RewardWeights] = None) -> Tensor:
     """Dense reward [B, A] of a ``sim.ChunkRecord`` (weights from the env config or given)."""
     w = weights or (RewardWeights.from_env(config) if config is not None else RewardWeights())
-    collision = chunk.collision_at_fault if w.at_fault else chunk.collision
+    collision = penalised_collisions(chunk, w.collisions)
     return dense_reward_terms(collision, chunk.offroad, chunk.progress, chunk.expected, chunk.ttc_unsafe,
                               chunk.comfort, w)
 

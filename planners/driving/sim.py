@@ -53,8 +53,9 @@ class DrivingEnvConfig:
     offroad_tolerance: float = hfield(0.0, "metres a corner may exceed half the lane width before off-road")
     ttc_threshold: float = hfield(1.5, "time-to-collision (s) counted as unsafe")
     w_collision: float = hfield(8.0, "reward weight of a collision in the executed horizon (SCORP)")
-    collision_reward: str = hfield("any", "collisions the reward penalises: any (SCORP: both vehicles) or at_fault "
-                                          "(not a vehicle hit from behind; metrics count every collision)")
+    collision_reward: str = hfield("any", "collisions the reward penalises: any (SCORP: both vehicles), at_fault "
+                                          "(not a vehicle hit from behind) or at_fault_or_traffic (also one hit from "
+                                          "behind by background traffic, which a cut-in causes); metrics count every collision")
     w_offroad: float = hfield(1.0, "reward weight of leaving the road in the executed horizon (SCORP)")
     w_progress: float = hfield(4.0, "reward weight of normalised progress (SCORP)")
     w_ttc: float = hfield(0.0, "reward weight of the fraction of ticks with TTC below ttc_threshold")
@@ -77,8 +78,8 @@ class DrivingEnvConfig:
             raise ValueError("env.execute_steps must be in [1, episode_steps]")
         if self.candidates_per_state < 0 or self.score_steps < 0:
             raise ValueError("env.candidates_per_state and env.score_steps must be >= 0")
-        if self.collision_reward not in ("any", "at_fault"):
-            raise ValueError("env.collision_reward must be 'any' or 'at_fault'")
+        if self.collision_reward not in COLLISION_REWARDS:
+            raise ValueError(f"env.collision_reward must be one of {COLLISION_REWARDS}")
         if self.candidates_per_state == 1:
             raise ValueError("env.candidates_per_state: use 0 (episode groups) or >= 2 (per-state groups)")
 
@@ -88,11 +89,15 @@ class DrivingEnvConfig:
         return -(-self.episode_steps // self.execute_steps)
 
 
+COLLISION_REWARDS = ("any", "at_fault", "at_fault_or_traffic")
+
+
 @dataclass
 class ChunkRecord:
     """Per-tick records of the controlled slots over one executed chunk (``E`` ticks).
 
-    collision/collision_at_fault (``at_fault``)/offroad/ttc_unsafe/comfort: [B, A, E] bool;
+    collision/collision_at_fault (``at_fault``)/collision_by_traffic (hit from behind by a
+    background vehicle)/offroad/ttc_unsafe/comfort: [B, A, E] bool;
     speed/accel/curvature: [B, A, E];
     pos: [B, A, E, 2]; progress: [B, A] metres gained; expected: [B, A] metres at the
     agent's desired speed (normaliser of progress); valid: [B, A] controlled and present.
@@ -100,6 +105,7 @@ class ChunkRecord:
 
     collision: Tensor
     collision_at_fault: Tensor
+    collision_by_traffic: Tensor
     offroad: Tensor
     ttc_unsafe: Tensor
     comfort: Tensor
@@ -192,6 +198,13 @@ def collision_pairs(pos: Tensor, heading: Tensor, length: Tensor, width: Tensor,
     return ov
 
 
+def partner_ahead(pos: Tensor, heading: Tensor, a: int) -> Tensor:
+    """[B, A, N] bool: vehicle j's centre is not behind slot i's centre (along i's heading)."""
+    rel = pos[:, None] - pos[:, :a, None]  # [B, A, N, 2]
+    fwd = torch.stack([heading[:, :a].cos(), heading[:, :a].sin()], -1)[:, :, None]
+    return (rel * fwd).sum(-1) >= 0
+
+
 def at_fault(pairs: Tensor, pos: Tensor, heading: Tensor) -> Tensor:
     """[B, A] bool: slot i collides with a vehicle whose centre is not behind i's centre.
 
@@ -199,11 +212,16 @@ def at_fault(pairs: Tensor, pos: Tensor, heading: Tensor) -> Tensor:
     only from behind (every partner's centre has a negative coordinate along i's heading)
     is not at fault: the rule of thumb of rear-end blame (nuPlan also scores at-fault collisions).
     """
-    a = pairs.shape[1]
-    rel = pos[:, None] - pos[:, :a, None]  # [B, A, N, 2]
-    fwd = torch.stack([heading[:, :a].cos(), heading[:, :a].sin()], -1)[:, :, None]
-    ahead = (rel * fwd).sum(-1) >= 0
-    return (pairs & ahead).any(-1)
+    return (pairs & partner_ahead(pos, heading, pairs.shape[1])).any(-1)
+
+
+def hit_by_traffic(pairs: Tensor, pos: Tensor, heading: Tensor, background: Tensor) -> Tensor:
+    """[B, A] bool: slot i is hit from behind by a background vehicle (background [B, N] bool).
+
+    Background traffic follows IDM, so it rear-ends a planned vehicle only after a cut-in too
+    close in front of it or braking harder than it can follow: the planned vehicle's doing.
+    """
+    return (pairs & ~partner_ahead(pos, heading, pairs.shape[1]) & background[:, None]).any(-1)
 
 
 def offroad(pos: Tensor, heading: Tensor, length: Tensor, width: Tensor, seg_a: Tensor, seg_b: Tensor,
@@ -469,6 +487,7 @@ class DrivingEnv:
         rec = {
             "collision": pairs.any(-1) & ctrl[:, :a],
             "collision_at_fault": at_fault(pairs, pos, heading) & ctrl[:, :a],
+            "collision_by_traffic": hit_by_traffic(pairs, pos, heading, bg) & ctrl[:, :a],
             "offroad": offroad(pos[:, :a], heading[:, :a], length[:, :a], width[:, :a], *seg,
                                candidates=cfg.offroad_candidates, tolerance=cfg.offroad_tolerance) & ctrl[:, :a],
             "ttc": time_to_collision(pos, vel, 0.5 * width + 0.5, alive, a),
@@ -540,7 +559,8 @@ def stack_records(recs, state: SimState, config: DrivingEnvConfig, s_before: Ten
     s_hist = st("s")
     v_ref = sc.idm[:, :a, 0]
     return ChunkRecord(
-        collision=st("collision"), collision_at_fault=st("collision_at_fault"), offroad=st("offroad"), ttc_unsafe=st("ttc") < config.ttc_threshold,
+        collision=st("collision"), collision_at_fault=st("collision_at_fault"),
+        collision_by_traffic=st("collision_by_traffic"), offroad=st("offroad"), ttc_unsafe=st("ttc") < config.ttc_threshold,
         comfort=(accel.abs() > 6.0) | (curv.abs() > 0.3), speed=st("speed"), accel=accel, curvature=curv,
         pos=torch.stack([r["pos"] for r in recs], 2), progress=(s_hist[..., -1] - s_before) * valid,
         expected=v_ref * DT * e, valid=valid,

@@ -1,11 +1,14 @@
 """Simulator, traffic and scene generation against hand-built cases."""
+from types import SimpleNamespace
+
+import pytest
 import torch
 
 from planners.driving import traffic
 from planners.driving.expert import run_expert
-from planners.driving.metrics import RewardWeights, dense_reward_terms
+from planners.driving.metrics import RewardWeights, dense_reward_terms, penalised_collisions
 from planners.driving.scenes import ROUTE_FEATURES, SCENE_KINDS, Scene, SceneConfig, make_scene, make_scenes
-from planners.driving.sim import DrivingEnv, DrivingEnvConfig
+from planners.driving.sim import DrivingEnv, DrivingEnvConfig, at_fault, hit_by_traffic
 
 IDM = (25.0, 1.5, 1.5, 2.0, 2.0)  # v0, T, a_max, b, s0
 
@@ -71,11 +74,24 @@ def test_sim_flags_a_collision_and_leaving_the_road():
 def test_rear_end_blame_falls_on_the_follower():
     env = DrivingEnv()
     # the controlled car (slot 0) is hit from behind by the background car: not at fault
+    # ... but hit by background traffic, which at_fault_or_traffic penalises
     _, rec = env.tick(env.reset_scene(straight_scene(22.0, 20.0, 10.0)), torch.zeros(1, 1, 2))
-    assert rec["collision"][0, 0] and not rec["collision_at_fault"][0, 0]
-    # the controlled car drives into the background car ahead of it: at fault
+    assert rec["collision"][0, 0] and not rec["collision_at_fault"][0, 0] and rec["collision_by_traffic"][0, 0]
+    # the controlled car drives into the background car ahead of it: at fault, not hit by it
     _, rec = env.tick(env.reset_scene(straight_scene(20.0, 22.0, 10.0)), torch.zeros(1, 1, 2))
-    assert rec["collision"][0, 0] and rec["collision_at_fault"][0, 0]
+    assert rec["collision"][0, 0] and rec["collision_at_fault"][0, 0] and not rec["collision_by_traffic"][0, 0]
+
+
+def test_hit_by_traffic_only_counts_background_partners():
+    # two vehicles along +x: slot 1 (at x = 0) rear-ends slot 0 (at x = 4)
+    pos = torch.tensor([[[4.0, 0.0], [0.0, 0.0]]])
+    heading = torch.zeros(1, 2)
+    pairs = torch.tensor([[[False, True], [True, False]]])
+    # the follower is another planned vehicle: the leader is neither at fault nor hit by traffic
+    assert hit_by_traffic(pairs, pos, heading, torch.tensor([[False, False]])).tolist() == [[False, False]]
+    assert at_fault(pairs, pos, heading).tolist() == [[False, True]]
+    # the follower is background traffic: the leader is hit by traffic
+    assert hit_by_traffic(pairs, pos, heading, torch.tensor([[False, True]])).tolist() == [[True, False]]
 
 
 def test_scene_determinism_and_layout():
@@ -134,6 +150,14 @@ def test_dense_reward_weights():
     off = torch.tensor([[[False, False], [True, True]]])
     r = dense_reward_terms(col, off, torch.tensor([[2.0, 4.0]]), torch.tensor([[4.0, 4.0]]), weights=RewardWeights())
     assert torch.allclose(r, torch.tensor([[-8.0 + 4 * 0.5, -1.0 + 4 * 1.0]]))
-    # at_fault: the dense reward reads the at-fault flags instead of every collision
-    cfg = DrivingEnvConfig(collision_reward="at_fault")
-    assert RewardWeights.from_env(cfg).at_fault and not RewardWeights.from_env(DrivingEnvConfig()).at_fault
+    # collision_reward picks which collision flags the dense reward reads
+    assert RewardWeights.from_env(DrivingEnvConfig()).collisions == "any"
+    f, t = torch.tensor([[[False]]]), torch.tensor([[[True]]])
+    chunk = SimpleNamespace(collision=t, collision_at_fault=f, collision_by_traffic=t)
+    for which, hit in (("any", True), ("at_fault", False), ("at_fault_or_traffic", True)):
+        w = RewardWeights.from_env(DrivingEnvConfig(collision_reward=which))
+        assert w.collisions == which and bool(penalised_collisions(chunk, w.collisions).any()) == hit
+    chunk.collision_by_traffic = f  # hit from behind by a planned vehicle: only "any" penalises it
+    assert not penalised_collisions(chunk, "at_fault_or_traffic").any()
+    with pytest.raises(ValueError, match="collision_reward"):
+        DrivingEnvConfig(collision_reward="victim")

@@ -48,3 +48,34 @@ def test_pretrain_and_evaluate_scripts(tmp_path):
     assert (back - images).abs().max() <= 1 / 255
     # --shift reaches the saved scheduler, which the head's time grid reads
     assert head.pipe.scheduler.config.shift == 2.0
+
+
+def test_caption_noise_gives_near_misses_and_never_a_held_out_prompt():
+    """--caption-noise swaps about that share of captions for a prompt of the same category that
+    the image does not satisfy (checked by the strict verifier on the ground-truth render), and
+    never writes a held-out prompt; empty (CFG) captions stay empty."""
+    sys.path.insert(0, str(ROOT / "examples" / "shapes"))
+    try:
+        from pretrain import noisy_captions
+    finally:
+        sys.path.pop(0)
+    from rewards.shapes.prompts import is_held_out, parse_prompt, sample_scene, split_prompts
+    from rewards.shapes.verifier import detect, satisfies
+    from rewards.shapes.world import render
+
+    items = split_prompts(0)["pretrain"] * 4
+    caps = [it["prompt"] for it in items]
+    caps[0] = ""
+    rng = np.random.default_rng(0)
+    out = noisy_captions(caps, items, 0.3, rng)
+    changed = [k for k, (a, b) in enumerate(zip(caps, out)) if a != b]
+    assert out[0] == ""
+    assert 0.2 * len(caps) < len(changed) < 0.4 * len(caps)
+    assert noisy_captions(caps, items, 0.0, rng) == caps
+    for k in changed:
+        wrong = parse_prompt(out[k])
+        assert wrong is not None and not is_held_out(wrong)
+        assert wrong["category"] == items[k]["category"]
+        image = render(sample_scene(items[k], np.random.default_rng(k)))
+        found = detect(image)
+        assert satisfies(found, items[k]) and not satisfies(found, wrong), (caps[k], out[k])
