@@ -96,7 +96,7 @@ COLLISION_REWARDS = ("any", "at_fault", "at_fault_or_traffic")
 class ChunkRecord:
     """Per-tick records of the controlled slots over one executed chunk (``E`` ticks).
 
-    collision/collision_at_fault (``at_fault``)/collision_by_traffic (hit from behind by a
+    collision/collision_at_fault/collision_by_traffic (``collision_blame``; hit from behind by a
     background vehicle)/offroad/ttc_unsafe/comfort: [B, A, E] bool;
     speed/accel/curvature: [B, A, E];
     pos: [B, A, E, 2]; progress: [B, A] metres gained; expected: [B, A] metres at the
@@ -205,23 +205,19 @@ def partner_ahead(pos: Tensor, heading: Tensor, a: int) -> Tensor:
     return (rel * fwd).sum(-1) >= 0
 
 
-def at_fault(pairs: Tensor, pos: Tensor, heading: Tensor) -> Tensor:
-    """[B, A] bool: slot i collides with a vehicle whose centre is not behind i's centre.
+def collision_blame(pairs: Tensor, pos: Tensor, heading: Tensor, background: Tensor) -> Tuple[Tensor, Tensor]:
+    """([B, A] at fault, [B, A] hit by traffic) bool for the controlled slots.
 
-    pairs [B, A, N] from ``collision_pairs``; pos [B, N, 2], heading [B, N]. A vehicle hit
-    only from behind (every partner's centre has a negative coordinate along i's heading)
-    is not at fault: the rule of thumb of rear-end blame (nuPlan also scores at-fault collisions).
+    pairs [B, A, N] from ``collision_pairs``; pos [B, N, 2], heading [B, N]; background [B, N].
+    At fault: slot i collides with a vehicle whose centre is not behind i's centre. A vehicle
+    hit only from behind (every partner's centre has a negative coordinate along i's heading)
+    is not at fault: the rule of thumb of rear-end blame (nuPlan also scores at-fault
+    collisions). Hit by traffic: a background vehicle hits slot i from behind. Background
+    traffic follows IDM, so it rear-ends a planned vehicle only after a cut-in too close in
+    front of it or braking harder than it can follow: the planned vehicle's doing.
     """
-    return (pairs & partner_ahead(pos, heading, pairs.shape[1])).any(-1)
-
-
-def hit_by_traffic(pairs: Tensor, pos: Tensor, heading: Tensor, background: Tensor) -> Tensor:
-    """[B, A] bool: slot i is hit from behind by a background vehicle (background [B, N] bool).
-
-    Background traffic follows IDM, so it rear-ends a planned vehicle only after a cut-in too
-    close in front of it or braking harder than it can follow: the planned vehicle's doing.
-    """
-    return (pairs & ~partner_ahead(pos, heading, pairs.shape[1]) & background[:, None]).any(-1)
+    ahead = partner_ahead(pos, heading, pairs.shape[1])
+    return (pairs & ahead).any(-1), (pairs & ~ahead & background[:, None]).any(-1)
 
 
 def offroad(pos: Tensor, heading: Tensor, length: Tensor, width: Tensor, seg_a: Tensor, seg_b: Tensor,
@@ -484,10 +480,11 @@ class DrivingEnv:
         # -- checks for the controlled slots
         seg = segments if segments is not None else self.segments(sc)
         pairs = collision_pairs(pos, heading, length, width, alive, a)
+        fault, by_traffic = collision_blame(pairs, pos, heading, bg)
         rec = {
             "collision": pairs.any(-1) & ctrl[:, :a],
-            "collision_at_fault": at_fault(pairs, pos, heading) & ctrl[:, :a],
-            "collision_by_traffic": hit_by_traffic(pairs, pos, heading, bg) & ctrl[:, :a],
+            "collision_at_fault": fault & ctrl[:, :a],
+            "collision_by_traffic": by_traffic & ctrl[:, :a],
             "offroad": offroad(pos[:, :a], heading[:, :a], length[:, :a], width[:, :a], *seg,
                                candidates=cfg.offroad_candidates, tolerance=cfg.offroad_tolerance) & ctrl[:, :a],
             "ttc": time_to_collision(pos, vel, 0.5 * width + 0.5, alive, a),

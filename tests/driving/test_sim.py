@@ -8,7 +8,7 @@ from planners.driving import traffic
 from planners.driving.expert import run_expert
 from planners.driving.metrics import RewardWeights, dense_reward_terms, penalised_collisions
 from planners.driving.scenes import ROUTE_FEATURES, SCENE_KINDS, Scene, SceneConfig, make_scene, make_scenes
-from planners.driving.sim import DrivingEnv, DrivingEnvConfig, at_fault, hit_by_traffic
+from planners.driving.sim import DrivingEnv, DrivingEnvConfig, collision_blame
 
 IDM = (25.0, 1.5, 1.5, 2.0, 2.0)  # v0, T, a_max, b, s0
 
@@ -88,10 +88,12 @@ def test_hit_by_traffic_only_counts_background_partners():
     heading = torch.zeros(1, 2)
     pairs = torch.tensor([[[False, True], [True, False]]])
     # the follower is another planned vehicle: the leader is neither at fault nor hit by traffic
-    assert hit_by_traffic(pairs, pos, heading, torch.tensor([[False, False]])).tolist() == [[False, False]]
-    assert at_fault(pairs, pos, heading).tolist() == [[False, True]]
+    fault, by_traffic = collision_blame(pairs, pos, heading, torch.tensor([[False, False]]))
+    assert by_traffic.tolist() == [[False, False]]
+    assert fault.tolist() == [[False, True]]
     # the follower is background traffic: the leader is hit by traffic
-    assert hit_by_traffic(pairs, pos, heading, torch.tensor([[False, True]])).tolist() == [[True, False]]
+    _, by_traffic = collision_blame(pairs, pos, heading, torch.tensor([[False, True]]))
+    assert by_traffic.tolist() == [[True, False]]
 
 
 def test_scene_determinism_and_layout():
