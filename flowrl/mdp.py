@@ -214,8 +214,9 @@ class Environment(Protocol):
       candidate actions per episode, candidate-major within an episode (rows b*G .. b*G+G-1
       belong to episode b); the environment scores each from a copy of ``state`` without
       advancing it. score / valid: [B * G] or [B * G, A].
-    * ``episode_metrics(state) -> {name: float}``: means over the episodes of ``state``
-      (evaluation reports them next to the return).
+    * ``episode_metrics(state) -> {name: float or (mean, weight)}``: means over the episodes
+      of ``state`` (evaluation reports them next to the return); a float is weighted by
+      episodes, a (mean, weight) pair by its weight (agents, agent-ticks, a subset's size).
     * ``save_rollouts(state, directory, tag) -> paths``: draw some evaluated episodes.
 
     An environment config may set ``candidates_per_state`` (0 = groups of whole episodes)

@@ -3,7 +3,7 @@ closed-loop evaluation (the environment is the reward). Functions of a ``Trainer
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -64,11 +64,22 @@ def rollout(trainer, it: int, items, samples: Sequence[int], group: int, group_i
     return out, scored, group_ids, sample_ids
 
 
+def metric_sum(value, episodes: float) -> List[float]:
+    """An ``episode_metrics`` value -> [weighted sum, weight]: a float counts once per
+    episode, a (mean, weight) pair with its own weight (e.g. the number of agents)."""
+    if isinstance(value, (tuple, list)):
+        mean, weight = float(value[0]), float(value[1])
+        return [mean * weight if weight > 0 else 0.0, weight]
+    return [float(value) * episodes, episodes]
+
+
 @torch.no_grad()
 def evaluate(trainer, seed: int, tag: Optional[str] = None) -> Dict[str, float]:
     """Mean episode return on the eval items with the evaluation sampler (one chain per
     state, no candidates: the planner's own quality), plus the environment's
-    ``episode_metrics(state)`` when it has them (averaged over episodes), and its
+    ``episode_metrics(state)`` when it has them (a float is averaged over episodes, a
+    (mean, weight) pair by its weight, so that per-agent or per-subset means stay exact
+    across processes; a key whose total weight is 0 is left out), and its
     ``save_rollouts(state, output_dir, tag)`` drawings (main process) when ``tag`` is given."""
     c = trainer.cfg
     all_items = list(trainer.data.eval_items())[: c.eval.num_items]
@@ -85,9 +96,10 @@ def evaluate(trainer, seed: int, tag: Optional[str] = None) -> Dict[str, float]:
     ret = res.returns.float().reshape(len(mine), -1).mean(dim=1)
     extra = trainer.env.episode_metrics(res.final_state) if hasattr(trainer.env, "episode_metrics") and mine else {}
     n = float(len(mine))
-    sums = {"return": [float(ret.sum()), n], **{k: [float(v) * n, n] for k, v in extra.items()}}
+    sums = {"return": [float(ret.sum()), n], **{k: metric_sum(v, n) for k, v in extra.items()}}
     total = trainer._all_sum_dict(sums)  # keys may differ between ranks (a rank with no episodes)
-    out = {k: total[k][0] / max(total[k][1], 1.0) for k in ["return"] + sorted(set(total) - {"return"})}
+    out = {k: total[k][0] / max(total[k][1], 1e-12) for k in ["return"] + sorted(set(total) - {"return"})
+           if k == "return" or total[k][1] > 0}
     if tag is not None and trainer.is_main and hasattr(trainer.env, "save_rollouts"):
         trainer.env.save_rollouts(res.final_state, c.output_dir, tag)
     return out

@@ -8,12 +8,14 @@ at any tick of the horizon; progress is metres gained along the route divided by
 the agent's desired speed would have covered, clipped to [-1, 1.5].
 
 ``episode_metrics`` aggregates ``ChunkRecord``s of a whole episode into per-agent
-averages (each agent that exists and is controlled counts once).
+averages (each agent that exists and is controlled counts once); ``episode_metric_pairs``
+keeps each average's weight (agents or agent-ticks) so that averages of several batches
+or processes stay exact, and ``metrics_by_kind`` splits them by scene kind.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Dict, Optional, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -97,8 +99,40 @@ def cat_records(chunks: Sequence):
 
 
 def _mean(x: Tensor, mask: Tensor) -> float:
+    return _pair(x, mask)[0]
+
+
+def _pair(x: Tensor, mask: Tensor) -> Tuple[float, float]:
+    """(mean of x over mask, number of entries in mask); x and mask broadcast alike."""
     m = mask.float()
-    return float((x.float() * m).sum() / m.sum().clamp(min=1))
+    n = float(m.sum())
+    return float((x.float() * m).sum()) / max(n, 1.0), n
+
+
+def episode_metric_pairs(record, s_start: Optional[Tensor] = None, s_end: Optional[Tensor] = None,
+                         route_length: Optional[Tensor] = None,
+                         expert_pos: Optional[Tensor] = None) -> Dict[str, Tuple[float, float]]:
+    """``episode_metrics`` with each mean's weight: {name: (mean, weight)}, the weight being
+    the number of agents (rates, progress, route completion) or agent-ticks (speed, TTC,
+    comfort, ADE) averaged over."""
+    v = record.valid
+    vt = v[..., None].expand_as(record.speed)
+    out = {
+        "collision_rate": _pair(record.collision.any(-1), v),
+        "at_fault_collision_rate": _pair(record.collision_at_fault.any(-1), v),
+        "offroad_rate": _pair(record.offroad.any(-1), v),
+        "avg_speed": _pair(record.speed, vt),
+        "progress": _pair(normalised_progress(record.progress, record.expected), v),
+        "ttc_unsafe_frac": _pair(record.ttc_unsafe, vt),
+        "comfort_violation_frac": _pair(record.comfort, vt),
+    }
+    if s_start is not None and s_end is not None and route_length is not None:
+        done = ((s_end - s_start) / (route_length - s_start).clamp(min=1.0)).clamp(0.0, 1.0)
+        out["route_completion"] = _pair(done, v)
+    if expert_pos is not None:
+        err = (record.pos - expert_pos).norm(dim=-1)
+        out["ade"] = _pair(err, vt)
+    return out
 
 
 def episode_metrics(record, s_start: Optional[Tensor] = None, s_end: Optional[Tensor] = None,
@@ -110,21 +144,24 @@ def episode_metrics(record, s_start: Optional[Tensor] = None, s_end: Optional[Te
     collision_rate, at_fault_collision_rate, offroad_rate, avg_speed, progress (normalised), ttc_unsafe_frac,
     comfort_violation_frac, and route_completion / ade when their inputs are given.
     """
-    v = record.valid
-    vt = v[..., None].expand_as(record.speed)
-    out = {
-        "collision_rate": _mean(record.collision.any(-1), v),
-        "at_fault_collision_rate": _mean(record.collision_at_fault.any(-1), v),
-        "offroad_rate": _mean(record.offroad.any(-1), v),
-        "avg_speed": _mean(record.speed, vt),
-        "progress": _mean(normalised_progress(record.progress, record.expected), v),
-        "ttc_unsafe_frac": _mean(record.ttc_unsafe, vt),
-        "comfort_violation_frac": _mean(record.comfort, vt),
-    }
-    if s_start is not None and s_end is not None and route_length is not None:
-        done = ((s_end - s_start) / (route_length - s_start).clamp(min=1.0)).clamp(0.0, 1.0)
-        out["route_completion"] = _mean(done, v)
-    if expert_pos is not None:
-        err = (record.pos - expert_pos).norm(dim=-1)
-        out["ade"] = _mean(err, vt)
+    pairs = episode_metric_pairs(record, s_start, s_end, route_length, expert_pos)
+    return {k: mean for k, (mean, _) in pairs.items()}
+
+
+KIND_METRICS = ("collision_rate", "at_fault_collision_rate", "offroad_rate", "avg_speed")
+
+
+def metrics_by_kind(record, kind: Tensor, kinds: Sequence[str],
+                    names: Sequence[str] = KIND_METRICS) -> Dict[str, Tuple[float, float]]:
+    """{"<name>/<kind>": (mean, weight)} over the agents of the scenes of each kind.
+
+    record: a ``ChunkRecord`` of B scenes; kind [B] long, an index into ``kinds``. Kinds
+    with no valid agent in ``record`` are left out (weight 0)."""
+    out = {}
+    for k, label in enumerate(kinds):
+        sub = replace(record, valid=record.valid & (kind.to(record.valid.device) == k)[:, None])
+        if not bool(sub.valid.any()):
+            continue
+        pairs = episode_metric_pairs(sub)
+        out.update({f"{name}/{label}": pairs[name] for name in names})
     return out

@@ -28,7 +28,7 @@ from flowrl._fields import hfield
 from planners.driving import geometry as geo
 from planners.driving import traffic
 from planners.driving.dynamics import bicycle_step, wheelbase_of
-from planners.driving.scenes import DT, Scene, SceneConfig, make_scene, make_scenes
+from planners.driving.scenes import DT, SCENE_KINDS, Scene, SceneConfig, make_scene, make_scenes
 
 Tensor = torch.Tensor
 
@@ -360,20 +360,23 @@ class DrivingEnv:
 
     # ---- evaluation hooks (flowrl's closed-loop evaluation calls them when present)
     @torch.no_grad()
-    def episode_metrics(self, state: SimState) -> Dict[str, float]:
-        """Per-agent averages over the executed episodes of ``state`` (``metrics.episode_metrics``):
-        collision_rate, offroad_rate, avg_speed, progress, ttc_unsafe_frac,
-        comfort_violation_frac, route_completion and ade (to the expert driving the same
-        scenes from the same start, ``expert_seed``)."""
-        from planners.driving.metrics import episode_metrics
+    def episode_metrics(self, state: SimState) -> Dict[str, Tuple[float, float]]:
+        """Per-agent averages over the executed episodes of ``state``, each with its weight
+        (``metrics.episode_metric_pairs``): collision_rate, at_fault_collision_rate,
+        offroad_rate, avg_speed, progress, ttc_unsafe_frac, comfort_violation_frac,
+        route_completion and ade (to the expert driving the same scenes from the same start,
+        ``expert_seed``); then collision, at-fault, off-road and speed per scene kind
+        (``collision_rate/highway``, ...; ``metrics.metrics_by_kind``)."""
+        from planners.driving.metrics import episode_metric_pairs, metrics_by_kind
 
         rec = state.episode
         if rec is None:
             return {}
         a = state.num_slots
         expert = self.expert_positions(state.scene, rec.pos.shape[2])
-        return episode_metrics(rec, s_start=state.s_start, s_end=state.s[:, :a],
-                               route_length=state.scene.route_length[:, :a], expert_pos=expert)
+        out = episode_metric_pairs(rec, s_start=state.s_start, s_end=state.s[:, :a],
+                                   route_length=state.scene.route_length[:, :a], expert_pos=expert)
+        return {**out, **metrics_by_kind(rec, state.scene.kind, SCENE_KINDS)}
 
     def expert_positions(self, scene: Scene, ticks: int) -> Tensor:
         """[B, A, ticks, 2] positions of the controlled agents when the expert drives the scenes."""

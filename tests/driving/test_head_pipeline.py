@@ -1,6 +1,7 @@
 """The driving head (flowrl Head contract), per-state candidate groups in the two-layer MDP,
 the offline regression hook, and the CI-sized closed-loop pipeline (determinism)."""
 import copy
+import math
 import json
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from flowrl.samplers import SamplerConfig, build_sampler
 from planners.driving import DrivingEnv, DrivingEnvConfig, DrivingHead, DrivingHeadConfig
 from planners.driving.data import DemoConfig
 from planners.driving.model import PlannerConfig
-from planners.driving.scenes import make_scenes
+from planners.driving.scenes import SCENE_KINDS, make_scenes
 from planners.driving.sources import DrivingDemos, DrivingDemosConfig, DrivingScenes, DrivingScenesConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,10 +69,14 @@ def test_candidates_execute_the_best_and_group_per_state():
     best = sc.gather(2, mean.argmax(-1)[..., None, None].expand(b, e, 1, a))[:, :, 0]
     assert torch.allclose(res.returns, best.sum(1), atol=1e-4)
     assert res.final_state.episode.pos.shape[2] == env.config.episode_steps
-    metrics = env.episode_metrics(res.final_state)
+    metrics = env.episode_metrics(res.final_state)  # {name: (mean, weight)}
+    agents = float(res.final_state.episode.valid.sum())
     for k in ("collision_rate", "offroad_rate", "avg_speed", "progress", "ttc_unsafe_frac",
               "comfort_violation_frac", "route_completion", "ade"):
-        assert k in metrics and metrics[k] == metrics[k]
+        mean, weight = metrics[k]
+        assert math.isfinite(mean) and weight in (agents, agents * env.config.episode_steps)
+    kinds = {SCENE_KINDS[int(k)] for k in res.final_state.scene.kind}
+    assert {k.split("/")[1] for k in metrics if "/" in k} == kinds
 
 
 def test_sources_are_disjoint_and_demos_train_offline(tmp_path):
@@ -113,6 +118,8 @@ def test_ci_config_runs_and_is_deterministic(tmp_path):
     assert reports[0] == reports[1]
     for k in ("return", "collision_rate", "offroad_rate", "avg_speed", "progress", "ttc_unsafe_frac", "ade"):
         assert k in reports[0]["after"]
+    kinds = [k.split("/")[1] for k in reports[0]["after"] if k.startswith("collision_rate/")]
+    assert kinds and set(kinds) <= set(SCENE_KINDS)  # the per-kind breakdown reaches report.json
     assert list((tmp_path / "a" / "rollouts").glob("after-*.gif"))
     rows = [json.loads(line) for line in open(tmp_path / "a" / "metrics.jsonl")]
     assert "adv/dropped_group_frac" in rows[-1] and "policy/kl_ref" in rows[-1] and "grad_norm" in rows[-1]

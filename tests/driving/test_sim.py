@@ -6,9 +6,10 @@ import torch
 
 from planners.driving import traffic
 from planners.driving.expert import run_expert
-from planners.driving.metrics import RewardWeights, dense_reward_terms, penalised_collisions
+from planners.driving.metrics import (RewardWeights, dense_reward_terms, episode_metric_pairs, metrics_by_kind,
+                                      penalised_collisions)
 from planners.driving.scenes import ROUTE_FEATURES, SCENE_KINDS, Scene, SceneConfig, make_scene, make_scenes
-from planners.driving.sim import DrivingEnv, DrivingEnvConfig, collision_blame
+from planners.driving.sim import ChunkRecord, DrivingEnv, DrivingEnvConfig, collision_blame
 
 IDM = (25.0, 1.5, 1.5, 2.0, 2.0)  # v0, T, a_max, b, s0
 
@@ -163,3 +164,30 @@ def test_dense_reward_weights():
     assert not penalised_collisions(chunk, "at_fault_or_traffic").any()
     with pytest.raises(ValueError, match="collision_reward"):
         DrivingEnvConfig(collision_reward="victim")
+
+
+def test_metrics_by_kind_are_exact_subsets_with_agent_weights():
+    # 3 scenes x 2 agent slots, 2 ticks: scene 0 highway (2 agents, one collides), scene 1
+    # intersection (1 agent, collides), scene 2 highway (1 agent, no collision)
+    valid = torch.tensor([[True, True], [True, False], [True, False]])
+    coll = torch.zeros(3, 2, 2, dtype=torch.bool)
+    coll[0, 1, 1] = coll[1, 0, 0] = True
+    coll[1, 1, :] = True  # an unused slot's flags never count
+    speed = torch.tensor([[[10.0, 12.0], [8.0, 8.0]], [[4.0, 6.0], [99.0, 99.0]], [[20.0, 20.0], [99.0, 99.0]]])
+    z = torch.zeros(3, 2, 2, dtype=torch.bool)
+    rec = ChunkRecord(collision=coll, collision_at_fault=coll, collision_by_traffic=z, offroad=z, ttc_unsafe=z,
+                      comfort=z, speed=speed, accel=torch.zeros(3, 2, 2), curvature=torch.zeros(3, 2, 2),
+                      pos=torch.zeros(3, 2, 2, 2), progress=torch.zeros(3, 2), expected=torch.ones(3, 2), valid=valid)
+    kind = torch.tensor([SCENE_KINDS.index("highway"), SCENE_KINDS.index("intersection"), SCENE_KINDS.index("highway")])
+    by = metrics_by_kind(rec, kind, SCENE_KINDS)
+    assert by["collision_rate/highway"] == pytest.approx((1 / 3, 3.0))
+    assert by["collision_rate/intersection"] == pytest.approx((1.0, 1.0))
+    assert by["avg_speed/highway"] == pytest.approx(((10 + 12 + 8 + 8 + 20 + 20) / 6, 6.0))
+    assert not any(k.endswith("/roundabout") for k in by)  # no roundabout agent: left out
+    # the weighted per-kind means give back the overall means
+    overall = episode_metric_pairs(rec)
+    for name in ("collision_rate", "avg_speed"):
+        parts = [v for k, v in by.items() if k.startswith(name + "/")]
+        total = sum(m * w for m, w in parts)
+        assert overall[name][1] == sum(w for _, w in parts)
+        assert overall[name][0] == pytest.approx(total / overall[name][1])

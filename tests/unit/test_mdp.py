@@ -290,3 +290,14 @@ def test_closed_loop_done_masks_returns_and_alive():
     # episode 0's return is its first reward only: -|0.1 a_0 - goal|
     r0 = -(0.1 * finals[0, 0] - torch.tensor([1.0, 0.0])).norm()
     close(res.returns[0], r0, atol=1e-6)
+
+
+def test_episode_metric_weights_combine_exactly_across_processes():
+    from flowrl.trainer.closed_loop import metric_sum
+
+    # rank 0: 2 episodes with 5 agents, 1 collided; rank 1: 1 episode with 1 agent that collided
+    r0, r1 = metric_sum((0.2, 5.0), 2.0), metric_sum((1.0, 1.0), 1.0)
+    total = [r0[0] + r1[0], r0[1] + r1[1]]
+    assert total[0] / total[1] == pytest.approx(2 / 6)  # per agent, not per-episode mean of means
+    assert metric_sum(0.5, 3.0) == [1.5, 3.0]  # a float counts once per episode
+    assert metric_sum((float("nan"), 0.0), 1.0) == [0.0, 0.0]  # empty subset: no weight, no NaN
