@@ -98,10 +98,6 @@ def cat_records(chunks: Sequence):
     return type(first)(**out)
 
 
-def _mean(x: Tensor, mask: Tensor) -> float:
-    return _pair(x, mask)[0]
-
-
 def _pair(x: Tensor, mask: Tensor) -> Tuple[float, float]:
     """(mean of x over mask, number of entries in mask); x and mask broadcast alike."""
     m = mask.float()
