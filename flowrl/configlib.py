@@ -60,7 +60,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if args and args[-1] is not Ellipsis and len(args) != len(value):
             raise ConfigError(f"{key}: expected {len(args)} values, got {len(value)}")
         inner = args if args and args[-1] is not Ellipsis else [args[0] if args else Any] * len(value)
-        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(inner, value)))
+        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, inner)))
     if origin in (dict, Dict):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")

@@ -40,6 +40,23 @@ def test_exponent_without_a_dot_is_a_number():
         load_config("configs/toy/flow_grpo.yaml", ["optim.lr=fast"])
 
 
+def test_tuple_fields_take_values_from_yaml_and_overrides(tmp_path):
+    # Tuple[str, ...] and fixed-length Tuple[float, float] fields, nested in a registry section
+    import planners.driving  # noqa: F401  (registers the driving env)
+
+    over = ["env.scene.kinds=[highway]", "env.accel_limits=[-6, 4]"]
+    cfg = load_config("configs/driving/ci.yaml", over)
+    assert cfg.env.scene.kinds == ("highway",) and cfg.env.accel_limits == (-6.0, 4.0)
+    assert all(type(v) is float for v in cfg.env.accel_limits)
+    with pytest.raises(ConfigError, match=r"env.accel_limits\[1\]: expected a number"):
+        load_config("configs/driving/ci.yaml", ["env.accel_limits=[-6, fast]"])
+    with pytest.raises(ConfigError, match="expected 2 values"):
+        load_config("configs/driving/ci.yaml", ["env.accel_limits=[-6]"])
+    path = tmp_path / "c.yaml"  # and the config survives a YAML round trip
+    path.write_text(yaml.safe_dump(config_to_dict(cfg)))
+    assert config_to_dict(load_config(str(path))) == config_to_dict(cfg)
+
+
 def test_paper_defaults():
     cfg = load_config("configs/toy/flow_grpo.yaml", ["algorithm={name: flow_grpo}"])
     assert (cfg.algorithm.group_size, cfg.algorithm.clip_range, cfg.algorithm.kl_beta) == (24, 1e-4, 0.04)
