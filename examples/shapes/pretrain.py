@@ -1,6 +1,6 @@
 """Pretrain the tiny text-to-image model of the shapes world (issue 5's "pretrained model").
 
-    .venv/bin/python examples/shapes/pretrain.py --output-dir examples/shapes/model --threads 1   # the committed model (51 min)
+    .venv/bin/python examples/shapes/pretrain.py --output-dir examples/shapes/model --threads 1   # the committed model (78 min)
     .venv/bin/python examples/shapes/pretrain.py --output-dir /tmp/shapes_try --steps 150  # a quick try
 
 Result: a ``StableDiffusionPipeline`` folder (diffusers format, SD1.5-style) whose UNet is
@@ -36,7 +36,7 @@ Training data: renders of the PRETRAIN prompts of ``split_prompts(split_seed)`` 
 (``--scenes-per-prompt`` random ground-truth scenes each, seeded); prompts are drawn half
 uniformly over prompts and half uniformly over categories; ``--cfg-dropout`` of the
 captions are replaced by the empty prompt (the negative prompt of CFG); ``--caption-noise``
-(default 0, the committed model) replaces that share of the others by a near miss of the
+(default 0.1, the committed model) replaces that share of the others by a near miss of the
 same category (``noisy_captions``), as web captions' noise does. Loss: rectified
 flow, x_t = (1 - t) x0 + t eps, target eps - x0, t uniform in [0, 1] (``--t-dist``) then
 shifted by ``--shift`` like the scheduler. AdamW, linear warm-up then cosine decay, an EMA
@@ -298,7 +298,7 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--cfg-dropout", type=float, default=0.1)
-    ap.add_argument("--caption-noise", type=float, default=0.0,
+    ap.add_argument("--caption-noise", type=float, default=0.1,
                     help="share of captions replaced by a near-miss prompt of the same category "
                          "(rewards.shapes.prompts.mismatch; never a held-out prompt), like web captions' noise")
     ap.add_argument("--t-dist", choices=["uniform", "logit_normal"], default="uniform")
