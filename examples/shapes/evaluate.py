@@ -55,6 +55,19 @@ def pass_at_k(passed: np.ndarray, ks: Sequence[int]) -> Dict[str, float]:
     return out
 
 
+def headroom_metrics(passed: np.ndarray, categories: Sequence[str]) -> Dict[str, float]:
+    """passed [S, N] bool (S samples of N items), categories [N] -> mean_pass and pass@k for
+    k = 1, 2, 4, ... <= S, plus mean_pass/<category> and pass@S/<category> (where the headroom is)."""
+    s = passed.shape[0]
+    ks = [2**i for i in range(int(math.log2(s)) + 1)]
+    out = {"mean_pass": round(float(passed.mean()), 4), **{k: round(v, 4) for k, v in pass_at_k(passed, ks).items()}}
+    for cat in dict.fromkeys(categories):
+        cols = [i for i, c in enumerate(categories) if c == cat]
+        out[f"mean_pass/{cat}"] = round(float(passed[:, cols].mean()), 4)
+        out.update({f"{k}/{cat}": round(v, 4) for k, v in pass_at_k(passed[:, cols], ks[-1:]).items()})
+    return out
+
+
 def load_head(model: str, guidance_scale: float = 1.0, lora: str = ""):
     """The t2i head on a shapes pipeline folder (the config a demo recipe uses)."""
     from flowrl.heads.t2i import T2IHeadConfig, build_t2i_head
@@ -115,9 +128,7 @@ def run(model: str = "", *, ground: bool = False, seed: int = 0, split_seed: int
     if samples > 1:
         passed = np.array([[bool(v) for v in judge(images if s == seed else draw(s), items)[0]]
                            for s in range(seed, seed + samples)])
-        ks = [2 ** i for i in range(int(math.log2(samples)) + 1)]
-        metrics.update({"mean_pass": round(float(passed.mean()), 4),
-                        **{k: round(v, 4) for k, v in pass_at_k(passed, ks).items()}})
+        metrics.update(headroom_metrics(passed, [it["category"] for it in items]))
     return metrics, images
 
 
@@ -170,9 +181,14 @@ def main(argv=None) -> None:
     what = "ground truth" if args.ground_truth else f"{args.model} (guidance {args.guidance_scale}, {args.num_steps} steps)"
     split = "held-out" if args.split == "eval" else f"{args.split}-split"
     print(f"{split} shapes_eval, {what}, {args.per_category}/category, {time.time() - t0:.0f} s")
-    headroom = tuple(k for k in metrics if k == "mean_pass" or k.startswith("pass@"))
+    headroom = tuple(k for k in metrics if k == "mean_pass" or (k.startswith("pass@") and "/" not in k))
     for k in ("category_mean", "overall") + CATEGORIES + headroom:
         print(f"  {k:14s} {metrics.get(k, float('nan')):.3f}")
+    if headroom:
+        k = headroom[-1]
+        print(f"  per category: mean pass / {k}")
+        for cat in CATEGORIES:
+            print(f"    {cat:14s} {metrics[f'mean_pass/{cat}']:.3f} / {metrics[f'{k}/{cat}']:.3f}")
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as fh:

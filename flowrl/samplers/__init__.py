@@ -23,6 +23,10 @@ class SamplerConfig:
     eta: float = hfield(0.7, help="noise level: SDE eta (flow_sde, dance_sde) or DDIM eta; >= 0")
     gamma: float = hfield(0.0025, help="churn strength g of the FDFO churn sampler; >= 0")
     t_cap: float = hfield(0.99, help="flow_sde: sigma_t uses min(t, t_cap) to stay finite at t = 1; in (0, 1)")
+    noise_corr: float = hfield(0.0, help="flow_sde / dance_sde: correlation in [0, 1) of the step noise along "
+                                         "noise_corr_dim (0 = independent, as in the papers); log-probs stay exact")
+    noise_corr_dim: int = hfield(-2, help="the axis of a sample that noise_corr correlates, counted from the end "
+                                          "(-2 = a [.., H, D] chunk's time axis H); must be inside one action")
 
     def __post_init__(self) -> None:
         if self.name not in SAMPLERS:
@@ -33,6 +37,12 @@ class SamplerConfig:
             raise ValueError(f"sampler.gamma={self.gamma} is negative; set sampler.gamma >= 0 (0 = no churn)")
         if not 0.0 < self.t_cap < 1.0:
             raise ValueError(f"sampler.t_cap={self.t_cap} is out of range; set sampler.t_cap in (0, 1), e.g. 0.99")
+        if not 0.0 <= self.noise_corr < 1.0:
+            raise ValueError(f"sampler.noise_corr={self.noise_corr} is out of range; set it in [0, 1) (0 = independent)")
+        if self.noise_corr > 0 and self.name not in ("flow_sde", "dance_sde"):
+            raise ValueError(f"sampler.noise_corr applies to flow_sde / dance_sde, not {self.name!r}; leave it at 0")
+        if self.noise_corr_dim >= 0:
+            raise ValueError(f"sampler.noise_corr_dim={self.noise_corr_dim}; count it from the end (e.g. -2)")
 
 
 def _build_ddim(cfg: SamplerConfig, alphas_cumprod: Optional[torch.Tensor]) -> Sampler:
@@ -45,8 +55,10 @@ Builder = Callable[[SamplerConfig, Optional[torch.Tensor]], Sampler]
 
 SAMPLERS: Dict[str, Builder] = {
     "euler": lambda cfg, ac: EulerSampler(),
-    "flow_sde": lambda cfg, ac: FlowSDESampler(eta=cfg.eta, noise_schedule="flow_grpo", t_cap=cfg.t_cap),
-    "dance_sde": lambda cfg, ac: FlowSDESampler(eta=cfg.eta, noise_schedule="constant", t_cap=cfg.t_cap),
+    "flow_sde": lambda cfg, ac: FlowSDESampler(eta=cfg.eta, noise_schedule="flow_grpo", t_cap=cfg.t_cap,
+                                               noise_corr=cfg.noise_corr, corr_dim=cfg.noise_corr_dim),
+    "dance_sde": lambda cfg, ac: FlowSDESampler(eta=cfg.eta, noise_schedule="constant", t_cap=cfg.t_cap,
+                                                noise_corr=cfg.noise_corr, corr_dim=cfg.noise_corr_dim),
     "ddim": _build_ddim,
     "churn": lambda cfg, ac: ChurnSampler(gamma=cfg.gamma),
 }

@@ -68,6 +68,54 @@ def gaussian_log_prob(x: Tensor, mean: Tensor, std: Tensor, event_ndim: Optional
     return lp.sum(dim=tuple(range(x.ndim - event_ndim, x.ndim)))
 
 
+def correlated_randn_like(x: Tensor, rho: float, dim: int, generator=None) -> Tensor:
+    """Standard-normal noise shaped like x whose entries along ``dim`` have correlation ``rho``.
+
+    eps = sqrt(1 - rho) z + sqrt(rho) z_shared, with z [B, ...] and z_shared one draw per
+    line along ``dim`` (broadcast), so every entry is N(0, 1) and any two entries on the
+    same line have covariance rho. rho = 0 is exactly ``randn_like`` (same draws).
+    """
+    z = randn_like(x, generator)
+    if rho == 0:
+        return z
+    shape = list(x.shape)
+    shape[dim] = 1
+    shared = randn_like(x.new_empty(shape), generator)
+    return math.sqrt(1 - rho) * z + math.sqrt(rho) * shared
+
+
+def correlated_gaussian_log_prob(x: Tensor, mean: Tensor, std: Tensor, rho: float, dim: int,
+                                 event_ndim: Optional[int] = None) -> Tensor:
+    """Exact log N(x; mean, std^2 R), R equicorrelated (1 on the diagonal, rho off it) along
+    ``dim`` and independent across the other dims; summed over the event dims.
+
+    With d = (x - mean) / std on a line of n entries, S = sum d, Q = sum d^2:
+    R^-1 = (I - rho / (1 + (n - 1) rho) 11^T) / (1 - rho), det R = (1 - rho)^(n-1) (1 + (n - 1) rho).
+    x, mean: [B, ...]; std broadcastable to x (constant along ``dim``). ``dim`` must lie in
+    the event dims. Returns [B] (or [B, leading...]). rho = 0 equals ``gaussian_log_prob``.
+    """
+    if rho == 0:
+        return gaussian_log_prob(x, mean, std, event_ndim)
+    if event_ndim is None:
+        event_ndim = x.ndim - 1
+    d_pos = dim % x.ndim
+    if d_pos < x.ndim - event_ndim:
+        raise ValueError(f"the correlated dim {dim} must be one of the {event_ndim} event dims of x {tuple(x.shape)}")
+    n = x.shape[d_pos]
+    std = torch.as_tensor(std, dtype=x.dtype, device=x.device).expand_as(x)
+    d = (x - mean) / std
+    s = d.sum(dim=d_pos, keepdim=True)
+    q = (d**2).sum(dim=d_pos, keepdim=True)
+    quad = (q - rho / (1 + (n - 1) * rho) * s**2) / (1 - rho)
+    log_det_r = (n - 1) * math.log(1 - rho) + math.log(1 + (n - 1) * rho)
+    lp = (-0.5 * quad - 0.5 * log_det_r - 0.5 * n * math.log(2 * math.pi)
+          - torch.log(std).sum(dim=d_pos, keepdim=True)).squeeze(d_pos)
+    rest = event_ndim - 1  # event dims left after summing the line
+    if rest == 0:
+        return lp
+    return lp.sum(dim=tuple(range(lp.ndim - rest, lp.ndim)))
+
+
 class Sampler:
     """Base class. Subclasses implement ``mean_std``; ``step`` does the rest.
 
@@ -85,6 +133,14 @@ class Sampler:
     def init(self, x: Tensor, generator=None) -> Tensor:
         """Optional perturbation of the initial noise (FDFO's churn). Default: identity."""
         return x
+
+    def noise(self, x: Tensor, generator=None) -> Tensor:
+        """Standard-normal step noise shaped like x. Default: independent entries."""
+        return randn_like(x, generator)
+
+    def log_prob(self, x_next: Tensor, mean: Tensor, std: Tensor, event_ndim: Optional[int] = None) -> Tensor:
+        """Exact log-density of x_next under the step's Gaussian (matches ``noise``)."""
+        return gaussian_log_prob(x_next, mean, std, event_ndim)
 
     def step(
         self,
@@ -108,11 +164,11 @@ class Sampler:
         std_b = expand_like(std, x)
         if x_next is None:
             if bool((std > 0).any()):
-                x_next = mean + std_b * randn_like(x, generator)
+                x_next = mean + std_b * self.noise(x, generator)
             else:
                 x_next = mean
         if bool((std > 0).all()):
-            log_prob = gaussian_log_prob(x_next, mean, std_b, event_ndim)
+            log_prob = self.log_prob(x_next, mean, std_b, event_ndim)
         else:
             log_prob = None
         return StepOutput(x_next=x_next, log_prob=log_prob, mean=mean, std=std)

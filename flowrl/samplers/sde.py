@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flowrl.samplers.base import Sampler, expand_like
+from flowrl.samplers.base import Sampler, correlated_gaussian_log_prob, correlated_randn_like, expand_like
 
 Tensor = torch.Tensor
 NOISE_SCHEDULES = ("flow_grpo", "constant")
@@ -28,11 +28,18 @@ class FlowSDESampler(Sampler):
     eta:            noise level (>= 0).
     noise_schedule: "flow_grpo" (sigma_t = eta sqrt(t/(1-t))) or "constant" (sigma_t = eta).
     t_cap:          flow_grpo only: sigma_t uses min(t, t_cap) so it stays finite at t = 1.
+    noise_corr:     correlation rho in [0, 1) of the step noise along ``corr_dim`` (0 = independent,
+                    the papers' sampler). Each entry keeps variance std^2; rho > 0 adds a shared
+                    component along that axis, e.g. a whole control chunk's time axis, so that
+                    exploration reaches "brake for the whole horizon" rather than averaging out.
+    corr_dim:       the axis of x [B, ...] that noise_corr correlates (must be an event dim).
     """
 
     eta: float
     noise_schedule: str = "flow_grpo"
     t_cap: float = 0.99
+    noise_corr: float = 0.0
+    corr_dim: int = -2
 
     prediction = "velocity"
 
@@ -43,6 +50,14 @@ class FlowSDESampler(Sampler):
             raise ValueError(f"eta={self.eta} must be >= 0")
         if not 0.0 < self.t_cap < 1.0:
             raise ValueError(f"t_cap={self.t_cap} must lie in (0, 1)")
+        if not 0.0 <= self.noise_corr < 1.0:
+            raise ValueError(f"noise_corr={self.noise_corr} must lie in [0, 1)")
+
+    def noise(self, x: Tensor, generator=None) -> Tensor:
+        return correlated_randn_like(x, self.noise_corr, self.corr_dim, generator)
+
+    def log_prob(self, x_next: Tensor, mean: Tensor, std: Tensor, event_ndim=None) -> Tensor:
+        return correlated_gaussian_log_prob(x_next, mean, std, self.noise_corr, self.corr_dim, event_ndim)
 
     @classmethod
     def flow_grpo(cls, eta: float = 0.7) -> "FlowSDESampler":

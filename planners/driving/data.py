@@ -40,6 +40,8 @@ class DemoConfig:
     stride: int = hfield(5, "ticks between window starts")
     expert_seed: int = hfield(0, "seed of the expert's parameters and noise")
     chunk: int = hfield(64, "scenes simulated together")
+    yield_prob: float = hfield(0.0, "the expert's yield_prob: share of agents that yield at conflict points "
+                                    "(ExpertConfig); 0 = the imperfect expert alone")
 
 
 @torch.no_grad()
@@ -52,6 +54,7 @@ def record_demos(config: DemoConfig, scene: Optional[SceneConfig] = None, expert
       route_s [S, N, E + 1], ctrl_states [S, A, E + 1, 4], controls [S, A, E, 2].
     """
     env = DrivingEnv(DrivingEnvConfig(scene=scene or SceneConfig(), episode_steps=config.episode_steps), device)
+    expert = expert or ExpertConfig(yield_prob=config.yield_prob)
     seeds = list(range(config.first_seed, config.first_seed + config.num_scenes))
     parts: List[Dict[str, Tensor]] = []
     per_kind: Dict[str, List[Dict[str, float]]] = {}
@@ -79,7 +82,7 @@ def record_demos(config: DemoConfig, scene: Optional[SceneConfig] = None, expert
         parts.append(part)
     tensors = {k: _cat_padded([p[k] for p in parts], k) for k in parts[0]}
     meta = {
-        "config": asdict(config), "scene": asdict(env.config.scene), "expert": asdict(expert or ExpertConfig()),
+        "config": asdict(config), "scene": asdict(env.config.scene), "expert": asdict(expert),
         "inverse_dynamics_max_error_m": max_err, "expert_metrics": _merge(per_kind),
         "layout": "see planners/driving/data.py record_demos",
     }

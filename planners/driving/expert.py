@@ -4,9 +4,11 @@ deliberately imperfect, so that post-training has headroom.
 * Longitudinal: IDM behind the nearest vehicle in its own path, with a per-agent
   lookahead that is short outside highways (it notices crossing traffic late) and a
   desired speed reduced before curves (lateral acceleration limit).
-* No cooperative yielding and no gap acceptance: it never slows down for a vehicle
-  that is about to cut into its path (merging or crossing), it only brakes once that
-  vehicle is in its path.
+* No cooperative yielding and no gap acceptance by default: it never slows down for a
+  vehicle that is about to cut into its path (merging or crossing), it only brakes once
+  that vehicle is in its path. ``yield_prob`` makes that share of agents (drawn per agent
+  and scene) yield at conflict points with the background traffic's gap acceptance, so
+  that the demonstrations hold both behaviours at a merge or crossing.
 * Lateral: pure pursuit on its route centreline.
 * Randomised parameters per agent (derived from the scene seed) and AR(1) noise on both
   controls (multimodal demonstrations).
@@ -39,15 +41,23 @@ class ExpertConfig:
     accel_noise: float = hfield(0.3, "stationary std of the AR(1) acceleration noise (m/s^2)")
     steer_noise: float = hfield(0.01, "stationary std of the AR(1) steering noise (rad)")
     noise_corr: float = hfield(0.9, "AR(1) correlation of the noise between ticks")
+    yield_prob: float = hfield(0.0, "share of agents that yield at conflict points (gap acceptance, as background "
+                                    "traffic does); 0 = none: the deliberately imperfect expert")
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.yield_prob <= 1.0:
+            raise ValueError(f"expert.yield_prob={self.yield_prob} must lie in [0, 1]")
 
 
 @dataclass
 class ExpertParams:
-    """Per controlled agent [B, A]: lookahead (m), pursuit gain (s), lateral accel limit."""
+    """Per controlled agent [B, A]: lookahead (m), pursuit gain (s), lateral accel limit,
+    and whether it yields at conflict points (bool)."""
 
     lookahead: Tensor
     pursuit_gain: Tensor
     lateral_accel: Tensor
+    yields: Optional[Tensor] = None
 
 
 def expert_params(state: SimState, config: ExpertConfig, generator: torch.Generator) -> ExpertParams:
@@ -58,7 +68,10 @@ def expert_params(state: SimState, config: ExpertConfig, generator: torch.Genera
     highway = (sc.kind.cpu() == SCENE_KINDS.index("highway"))[:, None]
     look = torch.where(highway, u(config.lookahead_highway), u(config.lookahead_urban))
     dev = sc.kind.device
-    return ExpertParams(look.to(dev), u(config.pursuit_gain).to(dev), u(config.lateral_accel).to(dev))
+    params = ExpertParams(look.to(dev), u(config.pursuit_gain).to(dev), u(config.lateral_accel).to(dev))
+    if config.yield_prob > 0:  # drawn after the others, so yield_prob = 0 leaves every other draw unchanged
+        params.yields = (torch.rand(b, a, generator=generator) < config.yield_prob).to(dev)
+    return params
 
 
 def curve_speed(bank: Tensor, route_id: Tensor, s: Tensor, spacing: float, lat_accel: Tensor,
@@ -95,7 +108,13 @@ def expert_controls(env: DrivingEnv, state: SimState, params: ExpertParams, nois
     idm = sc.idm[:, :a].clone()
     v_curve = curve_speed(state.bank, state.route_id[:, :a], state.s[:, :a], sp, params.lateral_accel)
     idm[..., 0] = torch.minimum(idm[..., 0], v_curve.clamp(min=3.0))
-    accel = traffic.idm_accel(v, lead.lead_speed[:, :a], lead.gap[:, :a], idm).clamp(-8.0, 4.0)
+    accel = traffic.idm_accel(v, lead.lead_speed[:, :a], lead.gap[:, :a], idm)
+    if params.yields is not None and bool(params.yields.any()):
+        cgap = traffic.conflict_gaps(path[..., ::3, :2], along[::3], state.speed, path[:, :, 0, 3], length,
+                                     state.alive, lead.in_path, env.config.critical_gap)[:, :a]
+        stop = traffic.idm_accel(v, torch.zeros_like(v), cgap, idm)
+        accel = torch.where(params.yields, torch.minimum(accel, stop), accel)
+    accel = accel.clamp(-8.0, 4.0)
     ld = (2.0 + params.pursuit_gain * v).clamp(4.0, 25.0)
     target = route_points(state.bank, state.route_id[:, :a], (state.s[:, :a] + ld)[..., None], sp)[:, :, 0, :2]
     steer = pure_pursuit(state.controlled_state(), target, wheelbase_of(length[:, :a]))

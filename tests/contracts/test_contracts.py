@@ -54,11 +54,13 @@ def test_head_contract(name, tmp_path):
 
 
 def _sampler(name):
+    if name == "flow_sde_correlated":  # the SDE with noise correlated along each action's last axis
+        return build_sampler(SamplerConfig(name="flow_sde", eta=0.7, noise_corr=0.6, noise_corr_dim=-1))
     alphas = (1 - torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64)).cumprod(0) if name == "ddim" else None
     return build_sampler(SamplerConfig(name=name, eta=0.7), alphas)
 
 
-@pytest.mark.parametrize("name", sorted(SAMPLERS))
+@pytest.mark.parametrize("name", sorted(SAMPLERS) + ["flow_sde_correlated"])
 def test_sampler_contract(name):
     s = _sampler(name)
     x = torch.randn(4, 3, 2)

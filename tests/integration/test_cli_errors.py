@@ -104,6 +104,11 @@ ERROR_CASES: List[Tuple[str, List[str], Tuple[str, ...]]] = [
     ("override-without-equals", ["validate", FLOW, "max_steps"], ("max_steps", "key=value")),
     ("eval-missing-checkpoint", ["eval", FLOW, "checkpoint=/nonexistent", *TINY_EVAL, "output_dir={tmp}/eval_nockpt"],
      ("checkpoint", "/nonexistent", "final")),
+    ("noise-corr-axis-outside-action", ["train", FLOW, *TINY, "sampler.noise_corr=0.5", "output_dir={tmp}/train_corr"],
+     ("sampler.noise_corr_dim=-2", "event dims")),
+    ("noise-corr-with-gaussian-mean-kl", ["train", FLOW, *TINY, "sampler.noise_corr=0.5", "sampler.noise_corr_dim=-1",
+                                         "algorithm.kl_beta=0.1", "algorithm.kl_type=gaussian_mean",
+                                         "output_dir={tmp}/train_corr_kl"], ("algorithm.kl_type", "k3")),
     ("train-missing-head-weights", ["train", FLOW, *TINY, "head.path=/nonexistent", "output_dir={tmp}/train_nohead"],
      ("head.path", "/nonexistent")),
 ]

@@ -3,6 +3,7 @@ source, per-category evaluation, before/after grids with captions, curves.png.""
 import glob
 import json
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -81,6 +82,18 @@ def test_evaluate_samples_adds_headroom_metrics_ground_truth_passes_everything()
     assert images.shape[0] == len(CATEGORIES)
     assert metrics["mean_pass"] == 1.0 and metrics["pass@1"] == 1.0 and metrics["pass@2"] == 1.0
     assert "pass@1" not in run(ground=True, per_category=1)[0]
+
+
+def test_headroom_metrics_per_category():
+    from examples.shapes.evaluate import headroom_metrics
+
+    passed = np.array([[1, 0, 0, 0], [0, 0, 1, 0]], dtype=bool)  # 2 samples x 4 items
+    m = headroom_metrics(passed, ["colors", "colors", "position", "position"])
+    assert m["mean_pass"] == 0.25 and m["pass@1"] == 0.25 and m["pass@2"] == 0.5
+    assert m["mean_pass/colors"] == 0.25 and m["pass@2/colors"] == 0.5
+    assert m["mean_pass/position"] == 0.25 and m["pass@2/position"] == 0.5
+    m = headroom_metrics(np.array([[1, 1, 0, 0], [1, 1, 0, 0]], dtype=bool), ["colors", "colors", "position", "position"])
+    assert m["pass@2/colors"] == 1.0 and m["pass@2/position"] == 0.0 and m["mean_pass"] == 0.5
 
 
 def test_group_means_report_each_group_and_their_unweighted_mean():
