@@ -43,6 +43,10 @@ class DemoConfig:
     yield_prob: float = hfield(0.0, "the expert's yield_prob: share of agents that yield at conflict points "
                                     "(ExpertConfig); 0 = the imperfect expert alone")
 
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.yield_prob <= 1.0:
+            raise ValueError(f"data.demos.yield_prob={self.yield_prob} is out of range; set it in [0, 1]")
+
 
 @torch.no_grad()
 def record_demos(config: DemoConfig, scene: Optional[SceneConfig] = None, expert: Optional[ExpertConfig] = None,
