@@ -89,10 +89,6 @@ class Trainer:
         if self.sampler.prediction != self.head.prediction:
             raise ConfigError(f"sampler.name: {c.sampler.name} expects {self.sampler.prediction} predictions but head "
                               f"{c.head.name} predicts {self.head.prediction}; pick a matching sampler")
-        if c.sampler.noise_corr > 0:
-            if getattr(c.algorithm, "kl_type", None) == "gaussian_mean" and getattr(c.algorithm, "kl_beta", 0) > 0:
-                raise ConfigError("algorithm.kl_type: gaussian_mean assumes independent step noise; use k3 with "
-                                  "sampler.noise_corr > 0")
         self.chain = DenoisingChain(c.chain, times=self.head.time_grid(c.chain.num_steps))
         self.data = DATASETS.get(c.data.name).builder(c.data)
         if self.algorithm.offline and not isinstance(self.data, OfflineDataset):
@@ -102,9 +98,8 @@ class Trainer:
         self.env = ENVIRONMENTS.get(c.env.name).builder(c.env) if c.env is not None else None
         if hasattr(self.env, "check_head"):  # an environment that cannot be driven by this head says so now
             self.env.check_head(self.head)
-        if c.sampler.noise_corr > 0 and isinstance(self.data, ItemSource):  # probe one action's shape now
-            probe = list(self.data.eval_items())[:1] or list(self.data.train_items())[:1]
-            self._check_noise_axis(self.head.init_noise(self.head.encode(probe), [torch.Generator().manual_seed(0)]))
+        if c.sampler.noise_corr > 0:
+            self._check_correlated_noise()
         self.reward = CompositeReward(c.rewards) if c.rewards else None
         label = lambda r: r.label or r.name  # noqa: E731
         eval_cfgs = list(c.rewards) + [m for m in c.eval.metrics if label(m) not in {label(r) for r in c.rewards}]
@@ -156,11 +151,18 @@ class Trainer:
     def _to_device(self, tree: Dict[str, Tensor]) -> Dict[str, Tensor]:
         return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in tree.items()}
 
-    def _check_noise_axis(self, x: Tensor) -> None:
-        """sampler.noise_corr correlates one axis of an action: it must be one of x's event dims."""
+    def _check_correlated_noise(self) -> None:
+        """sampler.noise_corr correlates one axis of an action (one of its event dims, found from
+        one probe item's noise) and needs a KL that reads log-probs (k3)."""
         c = self.cfg.sampler
-        if c.noise_corr <= 0:
+        alg = self.cfg.algorithm
+        if getattr(alg, "kl_type", None) == "gaussian_mean" and getattr(alg, "kl_beta", 0) > 0:
+            raise ConfigError("algorithm.kl_type: gaussian_mean assumes independent step noise; use k3 with "
+                              "sampler.noise_corr > 0")
+        if not isinstance(self.data, ItemSource):
             return
+        probe = list(self.data.eval_items())[:1] or list(self.data.train_items())[:1]
+        x = self.head.init_noise(self.head.encode(probe), [torch.Generator().manual_seed(0)])
         event = x.ndim - 1 if self.head.event_ndim is None else self.head.event_ndim
         if -c.noise_corr_dim > event:
             raise ConfigError(f"sampler.noise_corr_dim={c.noise_corr_dim} lies outside one action of head "
