@@ -58,6 +58,9 @@ def record_demos(config: DemoConfig, scene: Optional[SceneConfig] = None, expert
       route_s [S, N, E + 1], ctrl_states [S, A, E + 1, 4], controls [S, A, E, 2].
     """
     env = DrivingEnv(DrivingEnvConfig(scene=scene or SceneConfig(), episode_steps=config.episode_steps), device)
+    if expert is not None and expert.yield_prob != config.yield_prob:  # the cache key must describe the demos
+        raise ValueError(f"expert.yield_prob={expert.yield_prob} differs from the demo config's {config.yield_prob}; "
+                         "set it in DemoConfig.yield_prob")
     expert = expert or ExpertConfig(yield_prob=config.yield_prob)
     seeds = list(range(config.first_seed, config.first_seed + config.num_scenes))
     parts: List[Dict[str, Tensor]] = []
