@@ -1,7 +1,8 @@
 """FDFO's marginal-preserving churn sampler.
 
 With g = gamma and c = sqrt((1 + g)^2 - 1):
-  init:  x <- x / (1 + g) + c / (1 + g) * eps            (keeps N(0, I) at t = 1)
+  init:  x <- x / (1 + g) + c / (1 + g) * eps            (keeps N(0, I) at t = 1; its own
+         strength init_gamma if set: how far a pair's starting points differ)
   step t -> s:  r = s / (1 + g (1 - s));  x~ = x + (r - t) v  (Euler to r)
                 x_next = x~ / (1 + g r) + r c / (1 + g r) * eps
 If x_t = (1 - t) x0 + t eps then x~ = (1 - r) x0 + r eps and x_next = (1 - s) x0 + s eps',
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -21,15 +23,19 @@ Tensor = torch.Tensor
 
 @dataclass
 class ChurnSampler(Sampler):
-    """gamma: churn strength g >= 0 (0 gives plain Euler)."""
+    """gamma: churn strength g >= 0 (0 gives plain Euler); init_gamma: the churn of the
+    starting noise alone (None = gamma)."""
 
     gamma: float = 0.0025
+    init_gamma: Optional[float] = None
 
     prediction = "velocity"
 
     def __post_init__(self) -> None:
         if self.gamma < 0:
             raise ValueError(f"gamma={self.gamma} must be >= 0")
+        if self.init_gamma is not None and self.init_gamma < 0:
+            raise ValueError(f"init_gamma={self.init_gamma} must be >= 0")
 
     @property
     def _c(self) -> float:
@@ -37,10 +43,10 @@ class ChurnSampler(Sampler):
 
     def init(self, x: Tensor, generator=None) -> Tensor:
         """x: [B, ...] initial noise -> churned noise [B, ...] (same N(0, I) marginal)."""
-        if self.gamma == 0:
+        g = self.gamma if self.init_gamma is None else self.init_gamma
+        if g == 0:
             return x
-        g = self.gamma
-        return x / (1 + g) + (self._c / (1 + g)) * randn_like(x, generator)
+        return x / (1 + g) + (math.sqrt((1 + g) ** 2 - 1) / (1 + g)) * randn_like(x, generator)
 
     def mean_std(self, v: Tensor, x: Tensor, t: Tensor, t_next: Tensor):
         """v, x: [B, ...]; t, t_next: [B]. Returns (mean [B, ...], std [B])."""

@@ -99,6 +99,7 @@ ERROR_CASES: List[Tuple[str, List[str], Tuple[str, ...]]] = [
     ("flow_grpo-with-euler", ["validate", FLOW, "sampler.name=euler"], ("sampler.name", "flow_sde")),
     ("fdfo-with-flow_sde", ["validate", FDFO, "sampler.name=flow_sde"], ("sampler.name", "churn")),
     ("negative-eta", ["validate", FLOW, "sampler.eta=-0.5"], ("sampler.eta", ">= 0")),
+    ("init-gamma-off-churn", ["validate", FLOW, "sampler.init_gamma=0.5"], ("sampler.init_gamma", "churn")),
     ("group-size-1", ["validate", FLOW, "algorithm.group_size=1"], ("algorithm.group_size", ">= 2")),
     ("bogus-schedule", ["validate", FLOW, "optim.schedule=bogus"], ("optim.schedule", "cosine")),
     ("override-without-equals", ["validate", FLOW, "max_steps"], ("max_steps", "key=value")),

@@ -134,3 +134,35 @@ def test_a_shapes_run_reports_per_category_and_writes_captioned_grids_and_curves
     assert Image.open(out / "curves.png").size[0] > 500
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert "eval/shapes_eval/color_attr" in rows[0]
+
+
+def test_nearest_mean_loo_separates_clusters_and_not_noise():
+    from examples.shapes.noise_colour import nearest_mean_loo
+
+    rng = np.random.default_rng(0)
+    y = ["red"] * 20 + ["blue"] * 20
+    apart = np.concatenate([rng.normal(0, 0.1, (20, 3)), rng.normal(3, 0.1, (20, 3))])
+    assert nearest_mean_loo(apart, y) == 1.0
+    # features independent of the labels: leave-one-out can do no better than chance
+    assert nearest_mean_loo(rng.normal(0, 1, (40, 3)), y) < 0.75
+
+
+def test_object_colour_and_mask_on_a_render():
+    from examples.shapes.noise_colour import object_colour_and_mask
+    from rewards.shapes.world import Obj, Scene, render
+
+    image = render(Scene((Obj("circle", "cyan", 0.3, 0.6, 0.3),)))  # [H, W, 3] uint8
+    colour, mask = object_colour_and_mask(image.astype(np.float64))
+    assert colour == "cyan" and mask[int(0.6 * 32), int(0.3 * 32)] and not mask[2, 30]
+    assert object_colour_and_mask(np.full((32, 32, 3), 210.0)) == (None, None)
+
+
+def test_noise_colour_script_runs_on_the_committed_model(tmp_path):
+    from examples.shapes.noise_colour import main
+
+    out = tmp_path / "nc.json"
+    main(["--seeds", "2", "--per-category", "6", "--threads", "1", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert 0 < res["objects"] <= 12 and 0.0 <= res["prompt_match"] <= 1.0
+    assert 0.0 <= res["noise_predicts"] <= 1.0 and 0.0 < res["majority"] <= 1.0
+    assert any(k.startswith("shifted/") for k in res)

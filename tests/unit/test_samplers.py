@@ -218,6 +218,30 @@ def test_churn_marginals_exact_for_straight_paths(gamma):
     _assert_gaussian(x, M, S)
 
 
+@pytest.mark.parametrize("init_gamma", [0.0, 0.5, 3.0])
+def test_churn_init_gamma_keeps_the_marginal_and_sets_the_pair_distance(init_gamma):
+    """init_gamma churns the starting noise alone: x_1 stays N(0, 1) for any strength, two
+    branches of one base noise differ with variance 2 (c / (1 + g))^2, and the steps are
+    gamma's (the same draws as without it)."""
+    g = torch.Generator().manual_seed(2)
+    base = torch.randn(N_SAMPLES, 1, generator=g, dtype=torch.float64)
+    sampler = ChurnSampler(gamma=0.05, init_gamma=init_gamma)
+    a, b = sampler.init(base, g), sampler.init(base, g)
+    _assert_gaussian(a, 0.0, 1.0)
+    share = ((1 + init_gamma) ** 2 - 1) / (1 + init_gamma) ** 2  # variance of the fresh noise in x_1
+    if share == 0:  # no churn of the start: both branches begin at the base noise
+        assert torch.equal(a, base) and torch.equal(b, base)
+    else:
+        _assert_gaussian((a - b) / math.sqrt(2 * share), 0.0, 1.0)
+    x, v = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+    plain = ChurnSampler(gamma=0.05)
+    torch.testing.assert_close(sampler.step(v, x, 0.6, 0.5, generator=torch.Generator().manual_seed(3)).x_next,
+                               plain.step(v, x, 0.6, 0.5, generator=torch.Generator().manual_seed(3)).x_next)
+    same = ChurnSampler(gamma=0.05, init_gamma=None)  # None: gamma's init, draw for draw
+    torch.testing.assert_close(same.init(base, torch.Generator().manual_seed(4)),
+                               plain.init(base, torch.Generator().manual_seed(4)))
+
+
 def test_churn_marginals_gaussian_field():
     """Exact Gaussian field E[eps - x0 | x_t]; 200 steps so the Euler bias (~0.004 in std, 0 in mean)
     is below the 5-SE sampling tolerance; the slack covers it explicitly."""
@@ -370,6 +394,12 @@ def test_sampler_config_validation_and_build():
     assert isinstance(sde, FlowSDESampler) and sde.noise_schedule == "flow_grpo" and sde.eta == 0.5
     assert build_sampler(SamplerConfig(name="dance_sde")).noise_schedule == "constant"
     assert isinstance(build_sampler(SamplerConfig(name="churn")), ChurnSampler)
+    assert build_sampler(SamplerConfig(name="churn")).init_gamma is None
+    assert build_sampler(SamplerConfig(name="churn", init_gamma=0.5)).init_gamma == 0.5
+    with pytest.raises(ValueError, match=r"sampler\.init_gamma"):
+        SamplerConfig(name="churn", init_gamma=-0.5)
+    with pytest.raises(ValueError, match=r"sampler\.init_gamma"):
+        SamplerConfig(name="flow_sde", init_gamma=0.5)
     corr = build_sampler(SamplerConfig(name="dance_sde", noise_corr=0.5, noise_corr_dim=-3))
     assert corr.noise_corr == 0.5 and corr.corr_dim == -3 and corr.noise_schedule == "constant"
     with pytest.raises(ValueError, match=r"sampler\.noise_corr"):
