@@ -24,7 +24,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -87,23 +87,28 @@ def load_head(model: str, guidance_scale: float = 1.0, lora: str = ""):
 
 
 @torch.no_grad()
-def sample_head(head, items: List[Dict[str, Any]], seed: int = 0, num_steps: int = 20,
-                batch_size: int = 64) -> torch.Tensor:
-    """Euler ODE from the head's seeded noise on its own time grid -> images [N, 3, 32, 32]."""
+def sample_head(head, items: List[Dict[str, Any]], seed: int = 0, num_steps: int = 20, batch_size: int = 64,
+                noise_offset: Optional[torch.Tensor] = None, with_noise: bool = False):
+    """Euler ODE from the head's seeded noise on its own time grid -> images [N, 3, 32, 32];
+    ``noise_offset`` [C] is added to every starting noise, and ``with_noise`` also returns the
+    starting noises [N, C, H, W] (``noise_colour.py``)."""
     from flowrl import rng
     from flowrl.mdp import sample_chain
     from flowrl.samplers.ode import EulerSampler
 
     times = head.time_grid(num_steps)
-    out = []
+    out, noises = [], []
     for s in range(0, len(items), batch_size):
         chunk = items[s:s + batch_size]
         gens = [rng.generator(seed, rng.STREAM_EVAL, s + j, 0, 0) for j in range(len(chunk))]
         cond = head.encode(chunk)
         x0 = head.init_noise(cond, gens)
+        if noise_offset is not None:
+            x0 = x0 + noise_offset.view(1, -1, *([1] * (x0.ndim - 2))).to(x0)
         res = sample_chain(head.velocity, EulerSampler(), x0, cond, times)
         out.append(head.decode(res["states"][:, -1], cond))
-    return torch.cat(out)
+        noises.append(x0)
+    return (torch.cat(out), torch.cat(noises)) if with_noise else torch.cat(out)
 
 
 def ground_truth(items: List[Dict[str, Any]], seed: int = 0) -> torch.Tensor:

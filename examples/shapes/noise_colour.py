@@ -59,19 +59,11 @@ def object_colour_and_mask(image: np.ndarray, tol: float = 60.0) -> Tuple[Option
 
 def draw(head, items: List[Dict], seed: int, offset: Optional[torch.Tensor] = None):
     """Starting noise [N, C, H, W] of evaluation seed ``seed`` (+ ``offset`` [C]) and the images
-    [N, H, W, 3] (0..255) 10 Euler steps make of it."""
-    from flowrl import rng
-    from flowrl.mdp import sample_chain
-    from flowrl.samplers.ode import EulerSampler
+    [N, H, W, 3] (0..255) that 10 Euler steps make of it (``evaluate.sample_head``)."""
+    from examples.shapes.evaluate import sample_head
     from rewards.shapes.verifier import _to_hwc255
 
-    cond = head.encode(items)
-    x0 = head.init_noise(cond, [rng.generator(seed, rng.STREAM_EVAL, j, 0, 0) for j in range(len(items))])
-    if offset is not None:
-        x0 = x0 + offset.view(1, -1, 1, 1).to(x0)
-    with torch.no_grad():
-        out = sample_chain(head.velocity, EulerSampler(), x0, cond, head.time_grid(10))
-        images = head.decode(out["states"][:, -1], cond)
+    images, x0 = sample_head(head, items, seed, 10, noise_offset=offset, with_noise=True)
     return x0, _to_hwc255(images)
 
 

@@ -22,8 +22,8 @@ class SamplerConfig:
     name: str = hfield("flow_sde", help="sampler: euler | flow_sde | dance_sde | ddim | churn")
     eta: float = hfield(0.7, help="noise level: SDE eta (flow_sde, dance_sde) or DDIM eta; >= 0")
     gamma: float = hfield(0.0025, help="churn strength g of the FDFO churn sampler; >= 0")
-    init_gamma: float = hfield(-1.0, help="churn: strength of the churn of the starting noise alone (each branch's "
-                                          "x_1); -1 = gamma, as in the paper")
+    init_gamma: Optional[float] = hfield(None, help="churn: strength of the churn of the starting noise alone (each "
+                                                    "branch's x_1); null = gamma, as in the paper")
     t_cap: float = hfield(0.99, help="flow_sde: sigma_t uses min(t, t_cap) to stay finite at t = 1; in (0, 1)")
     noise_corr: float = hfield(0.0, help="flow_sde / dance_sde: correlation in [0, 1) of the step noise along "
                                          "noise_corr_dim (0 = independent, as in the papers); log-probs stay exact")
@@ -37,10 +37,10 @@ class SamplerConfig:
             raise ValueError(f"sampler.eta={self.eta} is negative; set sampler.eta >= 0 (0 = deterministic)")
         if self.gamma < 0:
             raise ValueError(f"sampler.gamma={self.gamma} is negative; set sampler.gamma >= 0 (0 = no churn)")
-        if self.init_gamma < 0 and self.init_gamma != -1:
-            raise ValueError(f"sampler.init_gamma={self.init_gamma}; set it >= 0, or -1 (= sampler.gamma)")
-        if self.init_gamma != -1 and self.name != "churn":
-            raise ValueError(f"sampler.init_gamma applies to the churn sampler, not {self.name!r}; leave it at -1")
+        if self.init_gamma is not None and self.init_gamma < 0:
+            raise ValueError(f"sampler.init_gamma={self.init_gamma} is negative; set it >= 0 (or null = sampler.gamma)")
+        if self.init_gamma is not None and self.name != "churn":
+            raise ValueError(f"sampler.init_gamma applies to the churn sampler, not {self.name!r}; leave it unset")
         if not 0.0 < self.t_cap < 1.0:
             raise ValueError(f"sampler.t_cap={self.t_cap} is out of range; set sampler.t_cap in (0, 1), e.g. 0.99")
         if not 0.0 <= self.noise_corr < 1.0:
@@ -66,7 +66,7 @@ SAMPLERS: Dict[str, Builder] = {
     "dance_sde": lambda cfg, ac: FlowSDESampler(eta=cfg.eta, noise_schedule="constant", t_cap=cfg.t_cap,
                                                 noise_corr=cfg.noise_corr, corr_dim=cfg.noise_corr_dim),
     "ddim": _build_ddim,
-    "churn": lambda cfg, ac: ChurnSampler(gamma=cfg.gamma, init_gamma=None if cfg.init_gamma == -1 else cfg.init_gamma),
+    "churn": lambda cfg, ac: ChurnSampler(gamma=cfg.gamma, init_gamma=cfg.init_gamma),
 }
 
 
