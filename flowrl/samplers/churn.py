@@ -21,6 +21,11 @@ from flowrl.samplers.base import Sampler, expand_like, randn_like
 Tensor = torch.Tensor
 
 
+def churn_noise_scale(g: float) -> float:
+    """c = sqrt((1 + g)^2 - 1): the fresh noise that keeps N(0, I) after dividing by 1 + g."""
+    return math.sqrt((1 + g) ** 2 - 1)
+
+
 @dataclass
 class ChurnSampler(Sampler):
     """gamma: churn strength g >= 0 (0 gives plain Euler); init_gamma: the churn of the
@@ -37,16 +42,12 @@ class ChurnSampler(Sampler):
         if self.init_gamma is not None and self.init_gamma < 0:
             raise ValueError(f"init_gamma={self.init_gamma} must be >= 0")
 
-    @property
-    def _c(self) -> float:
-        return math.sqrt((1 + self.gamma) ** 2 - 1)
-
     def init(self, x: Tensor, generator=None) -> Tensor:
         """x: [B, ...] initial noise -> churned noise [B, ...] (same N(0, I) marginal)."""
         g = self.gamma if self.init_gamma is None else self.init_gamma
         if g == 0:
             return x
-        return x / (1 + g) + (math.sqrt((1 + g) ** 2 - 1) / (1 + g)) * randn_like(x, generator)
+        return x / (1 + g) + (churn_noise_scale(g) / (1 + g)) * randn_like(x, generator)
 
     def mean_std(self, v: Tensor, x: Tensor, t: Tensor, t_next: Tensor):
         """v, x: [B, ...]; t, t_next: [B]. Returns (mean [B, ...], std [B])."""
@@ -54,4 +55,4 @@ class ChurnSampler(Sampler):
         r = t_next / (1 + g * (1 - t_next))
         x_tilde = x + expand_like(r - t, x) * v
         scale = 1 + g * r
-        return x_tilde / expand_like(scale, x), r * self._c / scale
+        return x_tilde / expand_like(scale, x), r * churn_noise_scale(g) / scale
