@@ -85,6 +85,9 @@ class EvalConfig:
     seed: int = hfield(1234, "evaluation seed (never used in training)")
     deterministic: bool = hfield(True, "evaluate with the sampler's deterministic (ODE) version")
     num_steps: int = hfield(0, "denoising steps at evaluation (0 = chain.num_steps)")
+    best_of: int = hfield(1, "closed loop only: plan G chunks per state, score each with the environment's "
+                             "score_candidates and execute the best (an oracle that looks into the simulator: it "
+                             "measures the headroom in the policy's own samples, it is not a planner); 1 = the policy alone")
     metrics: List[RewardConfig] = hfield(
         default_factory=list, help="extra rewards reported as metrics (the training rewards are always reported)",
         registry=REWARDS, many=True)
@@ -94,6 +97,8 @@ class EvalConfig:
             raise ValueError("eval.num_items and eval.samples_per_item must be >= 1")
         if self.num_steps < 0:
             raise ValueError("eval.num_steps must be >= 0")
+        if self.best_of < 1:
+            raise ValueError("eval.best_of must be >= 1 (1 = the policy alone)")
 
 
 @dataclass

@@ -76,7 +76,8 @@ def metric_sum(value, episodes: float) -> List[float]:
 @torch.no_grad()
 def evaluate(trainer, seed: int, tag: Optional[str] = None) -> Dict[str, float]:
     """Mean episode return on the eval items with the evaluation sampler (one chain per
-    state, no candidates: the planner's own quality), plus the environment's
+    state, no candidates: the planner's own quality; with ``eval.best_of`` = G, G chains per
+    state and the environment executes the best: the headroom oracle), plus the environment's
     ``episode_metrics(state)`` when it has them (a float is averaged over episodes, a
     (mean, weight) pair by its weight, so that per-agent or per-subset means stay exact
     across processes; a key whose total weight is 0 is left out), and its
@@ -86,13 +87,17 @@ def evaluate(trainer, seed: int, tag: Optional[str] = None) -> Dict[str, float]:
     spi = c.eval.samples_per_item
     mine = list(range(trainer.rank, len(all_items) * spi, trainer.world))
     times = trainer.eval_times()
+    g = c.eval.best_of
     loop = ClosedLoop(trainer.head, trainer.eval_sampler, trainer.chain, c.env.num_env_steps,
-                      velocity_fn=trainer.model, times=times)
+                      velocity_fn=trainer.model, times=times, candidates_per_state=g if g > 1 else 0)
+    total = len(all_items) * spi
+    # candidate 0 of episode j draws what best_of 1 draws (stream j); the others draw streams past all of those
+    streams = lambda j: [j] + [total + j * (g - 1) + k for k in range(g - 1)]  # noqa: E731
     ctx = trainer.ema.applied() if trainer.ema is not None else nullcontext()
     with ctx:
         res = loop.rollout(trainer.env, [all_items[j // spi] for j in mine],
                            [rng.derive_seed(seed, rng.STREAM_EVAL, j) for j in mine],
-                           lambda e: [rng.generator(seed, rng.STREAM_EVAL, j, e) for j in mine])
+                           lambda e: [rng.generator(seed, rng.STREAM_EVAL, s, e) for j in mine for s in streams(j)])
     ret = res.returns.float().reshape(len(mine), -1).mean(dim=1)
     extra = trainer.env.episode_metrics(res.final_state) if hasattr(trainer.env, "episode_metrics") and mine else {}
     n = float(len(mine))

@@ -98,6 +98,9 @@ class Trainer:
         self.env = ENVIRONMENTS.get(c.env.name).builder(c.env) if c.env is not None else None
         if hasattr(self.env, "check_head"):  # an environment that cannot be driven by this head says so now
             self.env.check_head(self.head)
+        if c.eval.best_of > 1 and not hasattr(self.env, "score_candidates"):
+            raise ConfigError("eval.best_of > 1 needs a closed-loop environment that scores candidates "
+                              "(env with score_candidates); set eval.best_of: 1")
         if c.sampler.noise_corr > 0:
             self._check_correlated_noise()
         self.reward = CompositeReward(c.rewards) if c.rewards else None

@@ -125,6 +125,26 @@ def test_ci_config_runs_and_is_deterministic(tmp_path):
     assert "adv/dropped_group_frac" in rows[-1] and "policy/kl_ref" in rows[-1] and "grad_norm" in rows[-1]
 
 
+def test_eval_best_of_executes_the_best_of_the_policys_own_candidates(tmp_path):
+    from flowrl.cli import main
+    from flowrl.config import load_config
+    from flowrl.trainer import Trainer
+
+    # one replan per episode, scored over exactly the executed ticks: best-of-G includes the
+    # plain evaluation's chunk (candidate 0 draws the same noise), so no episode can score lower
+    one_chunk = ["env.episode_steps=5", "env.score_steps=5", "eval.num_items=4"]
+    returns = {}
+    for g in (1, 4):
+        cfg = load_config(str(ROOT / "configs/driving/ci.yaml"), [f"output_dir={tmp_path / str(g)}", f"eval.best_of={g}"] + one_chunk)
+        trainer = Trainer(cfg, for_eval=True)
+        returns[g] = trainer._evaluate_closed_loop(cfg.eval.seed)["return"]
+        trainer.close()
+    assert returns[4] > returns[1]
+    out = tmp_path / "toy"
+    assert main(["train", str(ROOT / "configs/toy/fdfo.yaml"), f"output_dir={out}", "eval.best_of=2"]) == 2
+    assert not out.exists()  # no environment scores candidates: a one-line config error before anything is written
+
+
 def test_env_longer_than_the_chunk_is_a_config_error(tmp_path):
     from flowrl.cli import main
 
