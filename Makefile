@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo demo-toy test venv bench bench-toy bench-t2i bench-rewards bench-remote bench-shapes bench-driving bench-robot clean
+.PHONY: demo demo-toy test venv bench bench-toy bench-t2i bench-rewards bench-remote bench-shapes bench-driving bench-driving-splits bench-robot clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,7 +26,7 @@ demo-toy: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
-bench: bench-toy bench-t2i bench-rewards bench-remote bench-shapes bench-driving bench-robot
+bench: bench-toy bench-t2i bench-rewards bench-remote bench-shapes bench-driving bench-driving-splits bench-robot
 
 bench-toy: $(STAMP)
 	FLOWRL_NUM_THREADS=1 $(BIN)/python tests/benchmarks/bench_toy.py --out outputs/bench_toy.json
@@ -42,6 +42,9 @@ bench-shapes: $(STAMP)
 
 bench-driving: $(STAMP)
 	$(BIN)/python tests/benchmarks/bench_driving_sim.py --threads 2 --scenes 256 --out outputs/bench_driving_sim.json
+
+bench-driving-splits: $(STAMP)
+	$(BIN)/python tests/benchmarks/bench_driving_splits.py --out outputs/bench_driving_splits.json
 
 bench-robot: $(STAMP)
 	FLOWRL_NUM_THREADS=1 $(BIN)/python tests/benchmarks/bench_robot.py --jobs 2 --out outputs/bench_robot.json
