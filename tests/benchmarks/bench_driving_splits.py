@@ -11,7 +11,9 @@ can look 5-10 points better than it is.
     python tests/benchmarks/bench_driving_splits.py --out outputs/bench_driving_splits.json
     python tests/benchmarks/bench_driving_splits.py --configs vg_grpo --set algorithm.std1=0.5 --runs outputs/lever
 
-``--set KEY=VALUE`` (repeatable) applies to training only. Runs go side by side, ``--jobs``
+``--set KEY=VALUE`` (repeatable) applies to training only: evaluation and the pretrained
+baseline use the config as written, so an override of the environment or of ``head.path``
+is trained in one setting and scored in another. Runs go side by side, ``--jobs``
 at a time, one torch thread each. Not part of ``make test``; ``make bench-driving-splits``
 (6 trainings of about 10-12 min and 28 evaluations on a 2-core CPU: about an hour and a half).
 """
