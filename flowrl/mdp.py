@@ -303,9 +303,13 @@ class ClosedLoop:
         batch: Sequence[Any],
         seeds: Sequence[int],
         make_generators: Callable[[int], Sequence[torch.Generator]],
+        make_init_generators: Optional[Callable[[int], Sequence[torch.Generator]]] = None,
     ) -> ClosedLoopResult:
         """``make_generators(env_step)`` gives the generators for that step's chains: B of
-        them, or B * G (candidate-major within an episode) with candidates."""
+        them, or B * G (candidate-major within an episode) with candidates. Each chain's
+        starting noise is drawn from its own generator first, unless
+        ``make_init_generators(env_step)`` (as many) gives separate ones, e.g. one seed
+        repeated over a group so that its chains differ only by their step noise."""
         state = env.reset(batch, seeds)
         b = len(batch)
         g = self.candidates_per_state
@@ -323,7 +327,10 @@ class ClosedLoop:
             gens = make_generators(e)
             if len(gens) != b * reps:
                 raise ValueError(f"make_generators gave {len(gens)} generators for {b * reps} chains")
-            x0 = self.head.init_noise(cond, gens)
+            init_gens = gens if make_init_generators is None else make_init_generators(e)
+            if len(init_gens) != b * reps:
+                raise ValueError(f"make_init_generators gave {len(init_gens)} generators for {b * reps} chains")
+            x0 = self.head.init_noise(cond, init_gens)
             res = sample_chain(self.velocity_fn, self.sampler, x0, cond, self.times, gens,
                                event_ndim=self.head.event_ndim, stochastic=self.stochastic,
                                ode_sampler=self.ode_sampler)

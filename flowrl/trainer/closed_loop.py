@@ -40,8 +40,11 @@ def rollout(trainer, it: int, items, samples: Sequence[int], group: int, group_i
         def gens(env_step: int):
             return [rng.generator(c.seed, rng.STREAM_CHAIN, it, p, m, env_step) for p in prompts for m in range(cand)]
 
+        def init_gens(env_step: int):  # the algorithm's shared_init_noise: one starting noise per state
+            return [rng.generator(c.seed, rng.STREAM_INIT, it, p, -1, env_step) for p in prompts for _ in range(cand)]
+
         seeds = [rng.derive_seed(c.seed, rng.STREAM_INIT, it, p) for p in prompts]
-        res = loop.rollout(trainer.env, items, seeds, gens)
+        res = loop.rollout(trainer.env, items, seeds, gens, init_gens if trainer.algorithm.shared_init_noise else None)
         total, valid = res.scores.float(), res.score_valid
         state_ids = (group_ids[keep].repeat_interleave(e) * e + torch.arange(e).repeat(len(keep)))
         group_ids = state_ids.repeat_interleave(cand)
@@ -51,8 +54,11 @@ def rollout(trainer, it: int, items, samples: Sequence[int], group: int, group_i
         def gens(env_step: int):
             return [rng.generator(c.seed, rng.STREAM_CHAIN, it, j // group, j % group, env_step) for j in samples]
 
+        def init_gens(env_step: int):  # shared_init_noise: the episodes of an item start each chain alike
+            return [rng.generator(c.seed, rng.STREAM_INIT, it, j // group, -1, env_step) for j in samples]
+
         seeds = [rng.derive_seed(c.seed, rng.STREAM_INIT, it, j // group) for j in samples]
-        res = loop.rollout(trainer.env, items, seeds, gens)
+        res = loop.rollout(trainer.env, items, seeds, gens, init_gens if trainer.algorithm.shared_init_noise else None)
         total = res.returns.repeat_interleave(e, dim=0).float()
         valid = res.alive.view(-1, *([1] * (total.ndim - 1))).expand_as(total)
         group_ids, sample_ids = group_ids.repeat_interleave(e), sample_ids.repeat_interleave(e)

@@ -79,6 +79,37 @@ def test_candidates_execute_the_best_and_group_per_state():
     assert {k.split("/")[1] for k in metrics if "/" in k} == kinds
 
 
+def test_shared_init_noise_starts_every_candidate_of_a_state_alike(tmp_path):
+    from flowrl.config import load_config
+    from flowrl.trainer import Trainer
+
+    # ClosedLoop: separate start generators, one seed per (episode, step) repeated over the group
+    env = DrivingEnv(DrivingEnvConfig(episode_steps=10, execute_steps=5, score_steps=5))
+    loop = ClosedLoop(_head(), build_sampler(SamplerConfig(name="flow_sde", eta=1.0)),
+                      DenoisingChain(ChainConfig(num_steps=2)), env.config.num_env_steps, candidates_per_state=3)
+    chains = lambda k: [torch.Generator().manual_seed(100 * k + i) for i in range(6)]  # noqa: E731
+    starts = lambda k: [torch.Generator().manual_seed(7 + 10 * k + i // 3) for i in range(6)]  # noqa: E731
+    shared, own = loop.rollout(env, [11, 12], [0, 0], chains, starts), loop.rollout(env, [11, 12], [0, 0], chains)
+    x0, x1 = shared.states[:, 0].view(-1, 3, *shared.states.shape[2:]), shared.states[:, 1].view(-1, 3, *shared.states.shape[2:])
+    assert torch.equal(x0[:, 0], x0[:, 1]) and torch.equal(x0[:, 0], x0[:, 2])  # one start per state
+    assert not torch.equal(x1[:, 0], x1[:, 1])  # the step noise still differs
+    assert not torch.equal(own.states[0, 0], own.states[1, 0])  # default: each chain's own start
+    with pytest.raises(ValueError, match="make_init_generators gave 2"):
+        loop.rollout(env, [11, 12], [0, 0], chains, lambda k: chains(k)[:2])
+    # the trainer honours the algorithm's shared_init_noise in closed loop too
+    for shared_init in (True, False):
+        cfg = load_config(str(ROOT / "configs/driving/ci.yaml"),
+                          [f"output_dir={tmp_path / str(shared_init)}", f"algorithm.shared_init_noise={shared_init}"])
+        trainer = Trainer(cfg)
+        traj = trainer.collect(0)[0]
+        trainer.close()
+        first = {}
+        for gid, x in zip(traj.group_ids.tolist(), traj.states[:, 0]):
+            first.setdefault(gid, []).append(x)
+        alike = [all(torch.equal(xs[0], x) for x in xs[1:]) for xs in first.values()]
+        assert all(alike) if shared_init else not any(alike)
+
+
 def test_sources_are_disjoint_and_demos_train_offline(tmp_path):
     src = DrivingScenes(DrivingScenesConfig(num_train=16, num_eval=4))
     assert not set(src.train_items()) & set(src.eval_items())
