@@ -96,9 +96,13 @@ def evaluate(trainer, seed: int, tag: Optional[str] = None) -> Dict[str, float]:
     g = c.eval.best_of
     loop = ClosedLoop(trainer.head, trainer.eval_sampler, trainer.chain, c.env.num_env_steps,
                       velocity_fn=trainer.model, times=times, candidates_per_state=g if g > 1 else 0)
-    total = len(all_items) * spi
-    # candidate 0 of episode j draws what best_of 1 draws (stream j); the others draw streams past all of those
-    streams = lambda j: [j] + [total + j * (g - 1) + k for k in range(g - 1)]  # noqa: E731
+    n_plain = len(all_items) * spi
+
+    def streams(j: int) -> List[int]:
+        """Candidate 0 of episode j draws what best_of 1 draws (stream j); the others draw
+        streams past all of those."""
+        return [j] + [n_plain + j * (g - 1) + k for k in range(g - 1)]
+
     ctx = trainer.ema.applied() if trainer.ema is not None else nullcontext()
     with ctx:
         res = loop.rollout(trainer.env, [all_items[j // spi] for j in mine],
