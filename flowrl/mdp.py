@@ -188,8 +188,10 @@ def sample_chain(
         log_probs.append(lp)
         if record_velocity:
             velocities.append(v)
+    # a step without a log-prob was deterministic (an ODE step, or a sampler's std-0 step such
+    # as CPS's last): it is recorded as 0 and must not be trained (the config checks CPS's)
     ref = next((lp for lp in log_probs if isinstance(lp, Tensor)), None)
-    has_lp = ref is not None and all(lp is not None for lp in log_probs)
+    has_lp = ref is not None
     if has_lp:
         log_probs = [lp if isinstance(lp, Tensor) else torch.zeros_like(ref) for lp in log_probs]
     return {

@@ -1,4 +1,4 @@
-"""Samplers: Euler / Heun ODE, Flow-GRPO & DanceGRPO SDEs, DDIM, FDFO churn, CFG helpers."""
+"""Samplers: Euler / Heun ODE, Flow-GRPO & DanceGRPO SDEs, coefficients-preserving (CPS), DDIM, FDFO churn, CFG helpers."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,6 +9,7 @@ import torch
 from flowrl._fields import hfield
 from flowrl.samplers.base import Sampler, gaussian_log_prob
 from flowrl.samplers.churn import ChurnSampler
+from flowrl.samplers.cps import FlowCPSSampler
 from flowrl.samplers.ddim import DDIMSampler
 from flowrl.samplers.guidance import cfg_combine, guided_velocity
 from flowrl.samplers.ode import EulerSampler, heun_step
@@ -19,8 +20,9 @@ from flowrl.samplers.sde import FlowSDESampler
 class SamplerConfig:
     """Which sampler a rollout uses (config key ``sampler``)."""
 
-    name: str = hfield("flow_sde", help="sampler: euler | flow_sde | dance_sde | ddim | churn")
-    eta: float = hfield(0.7, help="noise level: SDE eta (flow_sde, dance_sde) or DDIM eta; >= 0")
+    name: str = hfield("flow_sde", help="sampler: euler | flow_sde | dance_sde | cps | ddim | churn")
+    eta: float = hfield(0.7, help="noise level: SDE eta (flow_sde, dance_sde), DDIM eta, or CPS eta in [0, 1] "
+                                              "(each step redraws sin(eta pi / 2) of the noise part); >= 0")
     gamma: float = hfield(0.0025, help="churn strength g of the FDFO churn sampler; >= 0")
     init_gamma: Optional[float] = hfield(None, help="churn: strength of the churn of the starting noise alone (each "
                                                     "branch's x_1); null = gamma, as in the paper")
@@ -35,6 +37,8 @@ class SamplerConfig:
             raise ValueError(f"sampler.name={self.name!r} is unknown; set sampler.name to one of {sorted(SAMPLERS)}")
         if self.eta < 0:
             raise ValueError(f"sampler.eta={self.eta} is negative; set sampler.eta >= 0 (0 = deterministic)")
+        if self.name == "cps" and self.eta > 1:
+            raise ValueError(f"sampler.eta={self.eta} is out of range for cps; set it in [0, 1] (1 = redraw all noise)")
         if self.gamma < 0:
             raise ValueError(f"sampler.gamma={self.gamma} is negative; set sampler.gamma >= 0 (0 = no churn)")
         if self.init_gamma is not None and self.init_gamma < 0:
@@ -65,6 +69,7 @@ SAMPLERS: Dict[str, Builder] = {
                                                noise_corr=cfg.noise_corr, corr_dim=cfg.noise_corr_dim),
     "dance_sde": lambda cfg, ac: FlowSDESampler(eta=cfg.eta, noise_schedule="constant", t_cap=cfg.t_cap,
                                                 noise_corr=cfg.noise_corr, corr_dim=cfg.noise_corr_dim),
+    "cps": lambda cfg, ac: FlowCPSSampler(eta=cfg.eta),
     "ddim": _build_ddim,
     "churn": lambda cfg, ac: ChurnSampler(gamma=cfg.gamma, init_gamma=cfg.init_gamma),
 }
@@ -83,6 +88,7 @@ __all__ = [
     "EulerSampler",
     "heun_step",
     "FlowSDESampler",
+    "FlowCPSSampler",
     "DDIMSampler",
     "ChurnSampler",
     "cfg_combine",

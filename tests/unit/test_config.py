@@ -87,6 +87,18 @@ def test_errors_name_the_key(override, key):
     assert key in msg and "\n" not in msg
 
 
+def test_cps_needs_a_window_that_ends_before_its_deterministic_last_step():
+    with pytest.raises(ConfigError, match=r"chain\.train_window_size=9") as e:
+        load_config("configs/toy/flow_grpo.yaml", ["sampler={name: cps, eta: 0.5}", "chain.num_steps=10"])
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="window_slide_every"):
+        load_config("configs/toy/flow_grpo.yaml", ["sampler={name: cps, eta: 0.5}", "chain.num_steps=10",
+                                                   "chain.train_window_size=3", "chain.window_slide_every=2"])
+    cfg = load_config("configs/toy/flow_grpo.yaml", ["sampler={name: cps, eta: 0.5}", "chain.num_steps=10",
+                                                     "chain.train_window_size=9"])
+    assert cfg.sampler.name == "cps"
+
+
 def test_missing_required_top_level_key(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("seed: 0\noutput_dir: x\nmax_steps: 1\n")

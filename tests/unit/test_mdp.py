@@ -5,7 +5,7 @@ import torch; torch.set_num_threads(1)  # noqa: E702,I001
 import pytest
 
 from flowrl.mdp import ChainConfig, ClosedLoop, DenoisingChain, sample_chain, time_grid
-from flowrl.samplers import EulerSampler, FlowSDESampler
+from flowrl.samplers import EulerSampler, FlowCPSSampler, FlowSDESampler
 from flowrl.testing import ToyHead, ToyHeadConfig, ToyReachConfig, ToyReachEnv
 from flowrl.testing import assert_close
 from flowrl.types import Trajectory
@@ -178,6 +178,21 @@ def test_sample_chain_sde_log_probs_rescore():
     alone = sample_chain(_vel, sampler, x1[1:2], {}, times, gens(1, 11))
     close(alone["states"][0], st[1], atol=1e-6)
     close(alone["log_probs"][0], lp[1], atol=1e-5)
+
+
+def test_sample_chain_records_a_deterministic_sampler_step_as_zero():
+    """CPS's last step (to t = 0) has std 0: the chain keeps the other steps' log-probs and
+    records 0 there, as for an ODE step; the step itself is the endpoint x0_hat = x - t v."""
+    sampler = FlowCPSSampler(eta=0.5)
+    x1 = torch.randn(3, 2, generator=torch.Generator().manual_seed(5))
+    times = time_grid(4)
+    res = sample_chain(_vel, sampler, x1, {}, times, gens(3, 10))
+    lp, st = res["log_probs"], res["states"]
+    assert lp.shape == (3, 4) and bool((lp[:, :3] != 0).all()) and torch.equal(lp[:, 3], torch.zeros(3))
+    for k in range(3):
+        t, tn = times[k].expand(3), times[k + 1].expand(3)
+        close(lp[:, k], sampler.step(_vel(st[:, k], t, {}), st[:, k], t, tn, x_next=st[:, k + 1]).log_prob, atol=1e-5)
+    close(st[:, 4], st[:, 3] - times[3] * _vel(st[:, 3], times[3].expand(3), {}), atol=1e-6)
 
 
 def test_stochastic_steps_follow_the_window():

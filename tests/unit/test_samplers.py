@@ -10,6 +10,7 @@ from flowrl.samplers import (
     ChurnSampler,
     DDIMSampler,
     EulerSampler,
+    FlowCPSSampler,
     FlowSDESampler,
     SamplerConfig,
     build_sampler,
@@ -46,6 +47,7 @@ STOCHASTIC = {
     "dance_grpo": lambda: FlowSDESampler.dance_grpo(0.3),
     "ddim": lambda: _ddim(1.0),
     "churn": lambda: ChurnSampler(gamma=0.3),
+    "cps": lambda: FlowCPSSampler(eta=0.5),
 }
 
 
@@ -256,6 +258,53 @@ def test_churn_marginals_gaussian_field():
     _assert_gaussian(x, M, S, slack=0.005)
 
 
+@pytest.mark.parametrize("eta", [0.3, 1.0])
+def test_cps_marginals_exact_for_straight_paths_at_few_steps(eta):
+    """CPS keeps x_t ~ (1-t) x0 + t eps at every step of a coarse 5-step grid (point-mass field,
+    as for churn above), and conditionally on x0 the noise part is exactly N(0, t^2)."""
+    g = torch.Generator().manual_seed(3)
+    x0 = M + S * torch.randn(N_SAMPLES, 1, generator=g, dtype=torch.float64)
+    sampler = FlowCPSSampler(eta=eta)
+    x = torch.randn(N_SAMPLES, 1, generator=g, dtype=torch.float64)
+    ts = torch.linspace(1, 0, 6, dtype=torch.float64)
+    for k in range(5):
+        out = sampler.step((x - x0) / ts[k], x, ts[k], ts[k + 1], generator=g)
+        x = out.x_next
+        s = float(ts[k + 1])
+        if s > 0:
+            _assert_gaussian(x, *_marginal(s))
+            _assert_gaussian((x - (1 - s) * x0) / s, 0.0, 1.0)
+        else:
+            assert out.log_prob is None and bool((out.std == 0).all())
+    torch.testing.assert_close(x, x0)
+
+
+def test_flow_grpo_sde_adds_excess_noise_at_few_steps_and_cps_does_not():
+    """Why CPS: the Flow-GRPO SDE on a 5-step grid (eta 0.3, t capped at 0.99 at t = 1) leaves
+    x_0.8 with a noise part of std ~1.35 where the path has 0.8; CPS at the same step's noise
+    level keeps 0.8 (point-mass field, so the noise part is x - 0.2 x0)."""
+    g = torch.Generator().manual_seed(4)
+    x0 = M + S * torch.randn(N_SAMPLES, 1, generator=g, dtype=torch.float64)
+    x1 = torch.randn(N_SAMPLES, 1, generator=g, dtype=torch.float64)
+    sde = FlowSDESampler.flow_grpo(0.3).step(x1 - x0, x1, 1.0, 0.8, generator=g)
+    assert abs((sde.x_next - 0.2 * x0).std().item() - 1.35) < 0.03
+    cps = FlowCPSSampler(eta=0.3).step(x1 - x0, x1, 1.0, 0.8, generator=g)
+    _assert_gaussian(cps.x_next - 0.2 * x0, 0.0, 0.8)
+
+
+def test_cps_eta_zero_is_euler_and_eta_one_redraws_the_noise():
+    v, x = _inputs()
+    euler = EulerSampler().step(v, x, 0.7, 0.6)
+    exact = FlowCPSSampler(eta=0.0).step(v, x, 0.7, 0.6)
+    assert exact.log_prob is None
+    torch.testing.assert_close(exact.x_next, euler.x_next)
+    full = FlowCPSSampler(eta=1.0).step(v, x, 0.7, 0.6)  # mean = the endpoint's share only
+    torch.testing.assert_close(full.mean, 0.4 * (x - 0.7 * v))
+    torch.testing.assert_close(full.std, torch.full((3,), 0.6))
+    with pytest.raises(ValueError, match="eta"):
+        FlowCPSSampler(eta=1.5)
+
+
 def test_flow_grpo_sde_marginal_gaussian_field():
     """Flow-GRPO SDE (eta 0.7, 100 steps) with the exact field ends at N(M, S^2) (bias ~4e-4 << SE)."""
     g = torch.Generator().manual_seed(2)
@@ -408,6 +457,9 @@ def test_sampler_config_validation_and_build():
         SamplerConfig(name="churn", noise_corr=0.5)
     with pytest.raises(ValueError, match=r"sampler\.noise_corr_dim"):
         SamplerConfig(noise_corr=0.5, noise_corr_dim=1)
+    assert isinstance(build_sampler(SamplerConfig(name="cps", eta=0.4)), FlowCPSSampler)
+    with pytest.raises(ValueError, match=r"sampler\.eta.*cps"):
+        SamplerConfig(name="cps", eta=1.2)
     with pytest.raises(ValueError, match="alphas_cumprod"):
         build_sampler(SamplerConfig(name="ddim"))
     ddim = build_sampler(SamplerConfig(name="ddim", eta=1.0), alphas_cumprod=_ddim_scheduler().alphas_cumprod)
