@@ -41,6 +41,31 @@ def flowrl(args: list[str]) -> None:
         raise SystemExit(f"flowrl {' '.join(args)} failed:\n{res.stderr[-2000:]}")
 
 
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def settings_differ(run: Path, config: str, seed: int, overrides: list[str]) -> list[str]:
+    """The keys in which a finished run's ``config.yaml`` differs from what ``train`` would
+    run now, leaving out those that do not change the trained weights (where it was
+    written, what it evaluated and logged): a reused run must be the same lever."""
+    import yaml
+
+    import flowrl.builtins  # noqa: F401  (registers heads, rewards, algorithms)
+    import planners.driving  # noqa: F401  (registers the driving head and environment)
+    from flowrl.config import config_to_dict, load_config
+
+    want = _flat(config_to_dict(load_config(str(ROOT / f"configs/driving/{config}.yaml"), [f"seed={seed}", *overrides])))
+    have = _flat(yaml.safe_load((run / "config.yaml").read_text()))
+    skip = {"output_dir", "overwrite", "resume", "data.eval_first_seed", "data.num_eval", "env.render_scenes",
+            "train.progress", "train.tensorboard"}
+    return sorted(k for k in set(want) | set(have)
+                  if k not in skip and not k.startswith("eval.") and want.get(k) != have.get(k))
+
+
 def train(config: str, seed: int, run: Path, overrides: list[str], reuse: bool) -> None:
     if reuse and (run / "final").is_dir():
         return
@@ -70,7 +95,8 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="training override (repeatable)")
     p.add_argument("--runs", default="outputs/bench_driving_splits", help="folder for the runs and evaluations")
     p.add_argument("--jobs", type=int, default=2, help="runs side by side (one thread each)")
-    p.add_argument("--reuse", action="store_true", help="reuse finished runs and evaluations")
+    p.add_argument("--reuse", action="store_true", help="reuse finished runs (trained with the same settings) and "
+                                                        "evaluations")
     p.add_argument("--out", default=None, help="write the results as JSON")
     args = p.parse_args()
     configs, seeds = args.configs.split(","), [int(s) for s in args.seeds.split(",")]
@@ -78,6 +104,11 @@ def main() -> None:
     runs = Path(args.runs).resolve()
     with ThreadPoolExecutor(args.jobs) as pool:
         trained = {(c, s): runs / f"{c}_s{s}" for c in configs for s in seeds}
+        for (c, s), run in trained.items():
+            differ = settings_differ(run, c, s, args.set) if args.reuse and (run / "final").is_dir() else []
+            if differ:
+                p.error(f"--reuse: {run} was trained with other settings ({', '.join(differ[:5])}); "
+                        f"use another --runs folder for this lever")
         jobs = [pool.submit(train, c, s, run, args.set, args.reuse) for (c, s), run in trained.items()]
         base = {sp: pool.submit(evaluate, configs[0], None, sp, runs / f"pretrained_{sp}", args.reuse) for sp in splits}
         for j in jobs:
