@@ -40,8 +40,9 @@ def main() -> None:
         max_steps=args.steps,
         overwrite=True,
         head=DrivingHeadConfig(path="planners/driving/pretrained"),
-        sampler=SamplerConfig(name="flow_sde", eta=0.3),
-        chain=ChainConfig(num_steps=3 if args.tiny else 5, train_fraction=1.0 if args.tiny else 0.6),
+        sampler=SamplerConfig(name="cps", eta=0.8),  # CPS's last step is deterministic: train the window before it
+        chain=ChainConfig(num_steps=3, train_window_size=2, train_fraction=1.0) if args.tiny
+        else ChainConfig(num_steps=5, train_window_size=4, train_fraction=0.75),
         algorithm=VGGRPOConfig(group_size=g, std1=1.0, std2=2.0, num_minibatches=1 if args.tiny else 2),
         data=DrivingScenesConfig(num_eval=4 if args.tiny else 256),
         env=DrivingEnvConfig(episode_steps=10 if args.tiny else 40, execute_steps=5, candidates_per_state=g,
