@@ -22,7 +22,7 @@ class SamplerConfig:
 
     name: str = hfield("flow_sde", help="sampler: euler | flow_sde | dance_sde | cps | ddim | churn")
     eta: float = hfield(0.7, help="noise level: SDE eta (flow_sde, dance_sde), DDIM eta, or CPS eta in [0, 1] "
-                                              "(each step redraws sin(eta pi / 2) of the noise part); >= 0")
+                                  "(fresh noise enters each step's noise part with weight sin(eta pi / 2)); >= 0")
     gamma: float = hfield(0.0025, help="churn strength g of the FDFO churn sampler; >= 0")
     init_gamma: Optional[float] = hfield(None, help="churn: strength of the churn of the starting noise alone (each "
                                                     "branch's x_1); null = gamma, as in the paper")

@@ -28,7 +28,8 @@ Tensor = torch.Tensor
 
 @dataclass
 class FlowCPSSampler(Sampler):
-    """eta in [0, 1]: the share of the noise part that each step redraws is sin(eta pi / 2)."""
+    """eta in [0, 1]: fresh noise enters each step's noise part with weight sin(eta pi / 2)
+    (a share sin^2 of its variance)."""
 
     eta: float = 0.5
 
