@@ -141,17 +141,6 @@ class TrainConfig:
         if algo_cls.stochastic_sampler is True and (name not in STOCHASTIC or self.sampler.eta == 0):
             raise ConfigError(f"sampler.name: {self.algorithm.name} needs a stochastic sampler with eta > 0; "
                               f"use one of {', '.join(STOCHASTIC)}")
-        if algo_cls.stochastic_sampler is True and name == "cps":
-            ch = self.chain
-            last = ch.num_steps - 1
-            size = ch.train_window_size or (ch.num_steps - ch.train_window_start)
-            if last < 1:
-                raise ConfigError("chain.num_steps: the cps sampler's last step is deterministic, so it needs at least "
-                                  "2 steps to train one; raise chain.num_steps")
-            if ch.window_slide_every > 0 or ch.train_window_start + size > last:
-                raise ConfigError(f"chain: the cps sampler's last step (to t = 0) is deterministic and cannot be trained; "
-                                  f"set chain.train_window_size={max(last - ch.train_window_start, 1)} so the window "
-                                  f"ends before step {last} (and chain.window_slide_every=0)")
         if algo_cls.stochastic_sampler is False and name not in ODE_LIKE:
             raise ConfigError(f"sampler.name: {self.algorithm.name} needs an ODE-like sampler; use churn or euler")
         if self.rewards and not any(r.weight != 0 for r in self.rewards):

@@ -189,7 +189,7 @@ def sample_chain(
         if record_velocity:
             velocities.append(v)
     # a step without a log-prob was deterministic (an ODE step, or a sampler's std-0 step such
-    # as CPS's last): it is recorded as 0 and must not be trained (the config checks CPS's)
+    # as CPS's last): it is recorded as 0 and must not be trained (the trainer refuses a window that reaches it)
     ref = next((lp for lp in log_probs if isinstance(lp, Tensor)), None)
     has_lp = ref is not None
     if has_lp:

@@ -103,6 +103,8 @@ class Trainer:
                               "(env with score_candidates); set eval.best_of: 1")
         if c.sampler.noise_corr > 0:
             self._check_correlated_noise()
+        if getattr(self.algorithm, "stochastic_sampler", None) is True:
+            self._check_trained_steps_are_noisy()
         self.reward = CompositeReward(c.rewards) if c.rewards else None
         label = lambda r: r.label or r.name  # noqa: E731
         eval_cfgs = list(c.rewards) + [m for m in c.eval.metrics if label(m) not in {label(r) for r in c.rewards}]
@@ -171,6 +173,22 @@ class Trainer:
             raise ConfigError(f"sampler.noise_corr_dim={c.noise_corr_dim} lies outside one action of head "
                               f"{self.cfg.head.name} (shape {tuple(x.shape[1:])}, event dims -1..-{event}); "
                               f"pick one of those")
+
+    def _check_trained_steps_are_noisy(self) -> None:
+        """Every step the trainable window can reach must have std > 0 under the training
+        sampler (a step to t = 0 has none with CPS, or with DDIM when alpha_bar(0) = 1)."""
+        ch, times = self.chain.config, self.chain.times
+        size = ch.train_window_size or (ch.num_steps - ch.train_window_start)
+        positions = max(ch.num_steps - size, 0) + 1 if ch.window_slide_every > 0 else 1
+        reach = sorted({int(k) for i in range(positions) for k in self.chain.window(i * max(ch.window_slide_every, 1))})
+        x = torch.zeros(1, 1, dtype=torch.float64)
+        for k in reach:
+            std = self.sampler.mean_std(x, x, times[k:k + 1].double(), times[k + 1:k + 2].double())[1]
+            if float(std.max()) == 0:
+                raise ConfigError(f"chain: step {k} (t {float(times[k]):.3g} -> {float(times[k + 1]):.3g}) of sampler "
+                                  f"{self.cfg.sampler.name} has no noise, so it cannot be trained; end the window "
+                                  f"before it (chain.train_window_size={max(k - ch.train_window_start, 1)}, "
+                                  f"chain.window_slide_every=0)")
 
     # ------------------------------------------------------------------ rollout
     @torch.no_grad()

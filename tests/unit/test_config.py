@@ -87,16 +87,19 @@ def test_errors_name_the_key(override, key):
     assert key in msg and "\n" not in msg
 
 
-def test_cps_needs_a_window_that_ends_before_its_deterministic_last_step():
-    with pytest.raises(ConfigError, match=r"chain\.train_window_size=9") as e:
-        load_config("configs/toy/flow_grpo.yaml", ["sampler={name: cps, eta: 0.5}", "chain.num_steps=10"])
-    assert "\n" not in str(e.value)
-    with pytest.raises(ConfigError, match="window_slide_every"):
-        load_config("configs/toy/flow_grpo.yaml", ["sampler={name: cps, eta: 0.5}", "chain.num_steps=10",
-                                                   "chain.train_window_size=3", "chain.window_slide_every=2"])
-    cfg = load_config("configs/toy/flow_grpo.yaml", ["sampler={name: cps, eta: 0.5}", "chain.num_steps=10",
-                                                     "chain.train_window_size=9"])
-    assert cfg.sampler.name == "cps"
+def test_a_trained_step_without_noise_is_refused(tmp_path):
+    """CPS's last step (to t = 0) has std 0: the trainer refuses a window that reaches it,
+    slid there or not, in one line that names the fix, and builds once the window ends before it."""
+    from flowrl.trainer import Trainer
+
+    base = [f"output_dir={tmp_path}", "sampler={name: cps, eta: 0.5}", "chain.num_steps=10"]
+    for extra in ([], ["chain.train_window_size=3", "chain.window_slide_every=2"]):
+        with pytest.raises(ConfigError, match=r"step 9 .*chain\.train_window_size=9") as e:
+            Trainer(load_config("configs/toy/flow_grpo.yaml", base + extra))
+        assert "\n" not in str(e.value)
+    trainer = Trainer(load_config("configs/toy/flow_grpo.yaml", base + ["chain.train_window_size=9"]))
+    assert trainer.sampler.__class__.__name__ == "FlowCPSSampler"
+    trainer.close()
 
 
 def test_missing_required_top_level_key(tmp_path):
