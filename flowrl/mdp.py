@@ -98,6 +98,16 @@ class DenoisingChain:
         end = min(start + size, c.num_steps)
         return torch.arange(start, end)
 
+    def reachable_steps(self) -> Tensor:
+        """[R] sorted step indices that ``window`` covers at some iteration (all of its positions
+        when it slides)."""
+        c = self.config
+        if c.window_slide_every <= 0:
+            return self.window(0)
+        size = c.train_window_size or (c.num_steps - c.train_window_start)
+        positions = max(c.num_steps - size, 0) + 1
+        return torch.cat([self.window(i * c.window_slide_every) for i in range(positions)]).unique()
+
     def stochastic_steps(self, iteration: int = 0) -> Optional[Tensor]:
         """[K] bool, the steps a training rollout samples with noise at ``iteration``: the
         window's with ``ode_outside_window``, else None (every step)."""

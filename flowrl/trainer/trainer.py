@@ -34,6 +34,7 @@ from flowrl.registry import ALGORITHMS, DATASETS, ENVIRONMENTS, HEADS, ConfigErr
 from flowrl.samplers import SamplerConfig, build_sampler
 from flowrl.trainer import checkpoint as ckpt
 from flowrl.trainer import closed_loop
+from flowrl.trainer.checks import check_correlated_noise, check_trained_steps_are_noisy
 from flowrl.trainer.ema import EMA
 from flowrl.trainer.logging import MetricsLogger, plot_curves
 from flowrl.trainer.report import format_report, group_means, round_metrics
@@ -102,9 +103,9 @@ class Trainer:
             raise ConfigError("eval.best_of > 1 needs a closed-loop environment that scores candidates "
                               "(env with score_candidates); set eval.best_of: 1")
         if c.sampler.noise_corr > 0:
-            self._check_correlated_noise()
+            check_correlated_noise(c, self.head, self.data)
         if getattr(self.algorithm, "stochastic_sampler", None) is True:
-            self._check_trained_steps_are_noisy()
+            check_trained_steps_are_noisy(self.chain, self.sampler, c.sampler.name)
         self.reward = CompositeReward(c.rewards) if c.rewards else None
         label = lambda r: r.label or r.name  # noqa: E731
         eval_cfgs = list(c.rewards) + [m for m in c.eval.metrics if label(m) not in {label(r) for r in c.rewards}]
@@ -155,40 +156,6 @@ class Trainer:
 
     def _to_device(self, tree: Dict[str, Tensor]) -> Dict[str, Tensor]:
         return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in tree.items()}
-
-    def _check_correlated_noise(self) -> None:
-        """sampler.noise_corr correlates one axis of an action (one of its event dims, found from
-        one probe item's noise) and needs a KL that reads log-probs (k3)."""
-        c = self.cfg.sampler
-        alg = self.cfg.algorithm
-        if getattr(alg, "kl_type", None) == "gaussian_mean" and getattr(alg, "kl_beta", 0) > 0:
-            raise ConfigError("algorithm.kl_type: gaussian_mean assumes independent step noise; use k3 with "
-                              "sampler.noise_corr > 0")
-        if not isinstance(self.data, ItemSource):
-            return
-        probe = list(self.data.eval_items())[:1] or list(self.data.train_items())[:1]
-        x = self.head.init_noise(self.head.encode(probe), [torch.Generator().manual_seed(0)])
-        event = x.ndim - 1 if self.head.event_ndim is None else self.head.event_ndim
-        if -c.noise_corr_dim > event:
-            raise ConfigError(f"sampler.noise_corr_dim={c.noise_corr_dim} lies outside one action of head "
-                              f"{self.cfg.head.name} (shape {tuple(x.shape[1:])}, event dims -1..-{event}); "
-                              f"pick one of those")
-
-    def _check_trained_steps_are_noisy(self) -> None:
-        """Every step the trainable window can reach must have std > 0 under the training
-        sampler (a step to t = 0 has none with CPS, or with DDIM when alpha_bar(0) = 1)."""
-        ch, times = self.chain.config, self.chain.times
-        size = ch.train_window_size or (ch.num_steps - ch.train_window_start)
-        positions = max(ch.num_steps - size, 0) + 1 if ch.window_slide_every > 0 else 1
-        reach = sorted({int(k) for i in range(positions) for k in self.chain.window(i * max(ch.window_slide_every, 1))})
-        x = torch.zeros(1, 1, dtype=torch.float64)
-        for k in reach:
-            std = self.sampler.mean_std(x, x, times[k:k + 1].double(), times[k + 1:k + 2].double())[1]
-            if float(std.max()) == 0:
-                raise ConfigError(f"chain: step {k} (t {float(times[k]):.3g} -> {float(times[k + 1]):.3g}) of sampler "
-                                  f"{self.cfg.sampler.name} has no noise, so it cannot be trained; end the window "
-                                  f"before it (chain.train_window_size={max(k - ch.train_window_start, 1)}, "
-                                  f"chain.window_slide_every=0)")
 
     # ------------------------------------------------------------------ rollout
     @torch.no_grad()

@@ -195,6 +195,13 @@ def test_sample_chain_records_a_deterministic_sampler_step_as_zero():
     close(st[:, 4], st[:, 3] - times[3] * _vel(st[:, 3], times[3].expand(3), {}), atol=1e-6)
 
 
+def test_reachable_steps_cover_every_window_position():
+    assert DenoisingChain(ChainConfig(num_steps=5, train_window_size=2)).reachable_steps().tolist() == [0, 1]
+    sliding = DenoisingChain(ChainConfig(num_steps=5, train_window_size=2, window_slide_every=3))
+    assert sliding.reachable_steps().tolist() == [0, 1, 2, 3, 4]
+    assert DenoisingChain(ChainConfig(num_steps=5, train_window_start=2)).reachable_steps().tolist() == [2, 3, 4]
+
+
 def test_stochastic_steps_follow_the_window():
     assert DenoisingChain(ChainConfig(num_steps=5, train_window_size=2)).stochastic_steps(0) is None  # opt-in
     chain = DenoisingChain(ChainConfig(num_steps=5, train_window_size=2, window_slide_every=2, ode_outside_window=True))
