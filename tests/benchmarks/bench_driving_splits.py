@@ -30,6 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from tests.benchmarks.reuse import settings_differ as trained_otherwise  # noqa: E402
+
 METRICS = ("collision_rate", "avg_speed", "offroad_rate", "ade")
 
 
@@ -41,29 +44,13 @@ def flowrl(args: list[str]) -> None:
         raise SystemExit(f"flowrl {' '.join(args)} failed:\n{res.stderr[-2000:]}")
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def settings_differ(run: Path, config: str, seed: int, overrides: list[str]) -> list[str]:
-    """The keys in which a finished run's ``config.yaml`` differs from what ``train`` would
-    run now, leaving out those that do not change the trained weights (where it was
-    written, what it evaluated and logged): a reused run must be the same lever."""
-    import yaml
-
-    import flowrl.builtins  # noqa: F401  (registers heads, rewards, algorithms)
+    """The keys in which a finished run was trained otherwise than ``train`` would now,
+    leaving out where it evaluated and what it rendered: a reused run must be the same lever."""
     import planners.driving  # noqa: F401  (registers the driving head and environment)
-    from flowrl.config import config_to_dict, load_config
 
-    want = _flat(config_to_dict(load_config(str(ROOT / f"configs/driving/{config}.yaml"), [f"seed={seed}", *overrides])))
-    have = _flat(yaml.safe_load((run / "config.yaml").read_text()))
-    skip = {"output_dir", "overwrite", "resume", "data.eval_first_seed", "data.num_eval", "env.render_scenes",
-            "train.progress", "train.tensorboard"}
-    return sorted(k for k in set(want) | set(have)
-                  if k not in skip and not k.startswith("eval.") and want.get(k) != have.get(k))
+    return trained_otherwise(run, ROOT / f"configs/driving/{config}.yaml", seed, overrides,
+                             ignore={"data.eval_first_seed", "data.num_eval", "env.render_scenes"})
 
 
 def train(config: str, seed: int, run: Path, overrides: list[str], reuse: bool) -> None:

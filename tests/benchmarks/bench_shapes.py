@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from tests.benchmarks.reuse import settings_differ  # noqa: E402
+
 ALGORITHMS = ["fdfo", "flow_grpo", "dance_grpo", "vg_grpo"]
 QUERIES_PER_ITERATION = 128  # prompts_per_step x group size in every shapes config
 
@@ -70,7 +73,6 @@ def headroom(out: Path, samples: int, lora: bool = True) -> dict:
         return json.loads(cache.read_text())
     import torch
 
-    sys.path.insert(0, str(ROOT))
     from examples.shapes.evaluate import run as evaluate
 
     torch.set_num_threads(1)
@@ -119,13 +121,23 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--algorithms", nargs="+", default=ALGORITHMS)
     ap.add_argument("--reuse", action="store_true",
-                    help="read a run whose <out>/<algorithm>-<seed>/report.json exists instead of training it again")
+                    help="read a run whose <out>/<algorithm>-<seed>/report.json exists instead of training it again "
+                         "(refused when it was trained with other settings)")
     ap.add_argument("--samples", type=int, default=8,
                     help="images per held-out item for mean pass and pass@k of each final model (0 = skip)")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every run (e.g. max_steps=20)")
     args = ap.parse_args()
     work = Path(args.out).with_suffix("")
     results = {}
+    for alg in args.algorithms if args.reuse else ():
+        for seed in args.seeds:
+            out = work / f"{alg}-{seed}"
+            if not (out / "report.json").exists():
+                continue
+            differ = settings_differ(out, ROOT / f"configs/t2i/shapes_{alg}.yaml", seed, args.overrides)
+            if differ:
+                ap.error(f"--reuse: {out} was trained with other settings ({', '.join(differ[:5])}); "
+                         f"use another --out for this lever")
     print(f"{'algorithm':<12} {'metric':<16} {'before':>16} {'after':>16} {'training seconds':>18}")
     for alg in args.algorithms:
         runs = [run(alg, seed, work / f"{alg}-{seed}", args.overrides, args.reuse) for seed in args.seeds]
