@@ -88,10 +88,11 @@ def load_head(model: str, guidance_scale: float = 1.0, lora: str = ""):
 
 @torch.no_grad()
 def sample_head(head, items: List[Dict[str, Any]], seed: int = 0, num_steps: int = 20, batch_size: int = 64,
-                noise_offset: Optional[torch.Tensor] = None, with_noise: bool = False):
+                noise_offset: Optional[torch.Tensor] = None, with_noise: bool = False, sampler=None, chain_seed: int = 0):
     """Euler ODE from the head's seeded noise on its own time grid -> images [N, 3, 32, 32];
     ``noise_offset`` [C] is added to every starting noise, and ``with_noise`` also returns the
-    starting noises [N, C, H, W] (``noise_colour.py``)."""
+    starting noises [N, C, H, W] (``noise_colour.py``). A stochastic ``sampler`` replaces
+    Euler, its noise for image j drawn from ``rng.generator(chain_seed, STREAM_CHAIN, j, 0, 0)``."""
     from flowrl import rng
     from flowrl.mdp import sample_chain
     from flowrl.samplers.ode import EulerSampler
@@ -105,7 +106,8 @@ def sample_head(head, items: List[Dict[str, Any]], seed: int = 0, num_steps: int
         x0 = head.init_noise(cond, gens)
         if noise_offset is not None:
             x0 = x0 + noise_offset.view(1, -1, *([1] * (x0.ndim - 2))).to(x0)
-        res = sample_chain(head.velocity, EulerSampler(), x0, cond, times)
+        chain = [rng.generator(chain_seed, rng.STREAM_CHAIN, s + j, 0, 0) for j in range(len(chunk))]
+        res = sample_chain(head.velocity, sampler or EulerSampler(), x0, cond, times, chain if sampler else None)
         out.append(head.decode(res["states"][:, -1], cond))
         noises.append(x0)
     return (torch.cat(out), torch.cat(noises)) if with_noise else torch.cat(out)

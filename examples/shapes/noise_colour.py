@@ -11,7 +11,12 @@ seeds each (the evaluation noise of ``evaluate.py``, 10 Euler steps), prints:
                    (the same from the mean of the whole noise image);
   shifted/<c>      an intervention: every starting noise is offset by a constant,
                    ``--shift-scale`` x (colour c's class mean - the centre of the class
-                   means), and this is the share of objects then drawn in c.
+                   means), and this is the share of objects then drawn in c;
+  pair/*           FDFO's pairs as the demo draws them: two branches from one starting
+                   noise, each churned apart (``--pair-gamma``, the demo's 0.05):
+                   ``colour_differs``, the share of pairs whose objects differ in colour,
+                   and ``one_matches``, the share where exactly one has the prompt's
+                   colour (the pairs whose reward difference is about colour).
 Writes the numbers as JSON with ``--out``.
 """
 from __future__ import annotations
@@ -67,8 +72,29 @@ def draw(head, items: List[Dict], seed: int, offset: Optional[torch.Tensor] = No
     return x0, _to_hwc255(images)
 
 
+def pair_colours(head, items: List[Dict], seeds: int, gamma: float) -> Dict[str, float]:
+    """FDFO's pairs (one starting noise, two churned branches) of the ``items`` -> the share of
+    pairs (both objects found) whose colours differ, and where exactly one is the prompt's."""
+    from examples.shapes.evaluate import sample_head
+    from flowrl.samplers.churn import ChurnSampler
+    from rewards.shapes.verifier import _to_hwc255
+
+    differ, one = [], []
+    for s in range(seeds):
+        a, b = (_to_hwc255(sample_head(head, items, s, 10, sampler=ChurnSampler(gamma=gamma), chain_seed=2 * s + k))
+                for k in (0, 1))
+        for j, it in enumerate(items):
+            ca, cb = object_colour_and_mask(a[j])[0], object_colour_and_mask(b[j])[0]
+            if ca is not None and cb is not None:
+                want = it["objects"][0]["colour"]
+                differ.append(ca != cb)
+                one.append((ca == want) != (cb == want))
+    return {"pair/pairs": len(differ), "pair/colour_differs": float(np.mean(differ)) if differ else float("nan"),
+            "pair/one_matches": float(np.mean(one)) if one else float("nan")}
+
+
 def run(model: str, lora: str = "", split: str = "eval", seeds: int = 16, per_category: int = 16,
-        shift_scale: float = 2.0, guidance_scale: float = 1.0) -> Dict[str, float]:
+        shift_scale: float = 2.0, guidance_scale: float = 1.0, pair_gamma: float = 0.05) -> Dict[str, float]:
     from examples.shapes.evaluate import eval_items, load_head
 
     head = load_head(model, guidance_scale, lora)
@@ -99,6 +125,7 @@ def run(model: str, lora: str = "", split: str = "eval", seeds: int = 16, per_ca
         drawn = [d for d in drawn if d is not None]
         out[f"shifted/{c}"] = float(np.mean([d == c for d in drawn])) if drawn else float("nan")
         out[f"offset/{c}"] = [round(float(v), 3) for v in offset]
+    out.update(pair_colours(head, items, max(1, seeds // 2), pair_gamma))
     return out
 
 
@@ -111,6 +138,7 @@ def main(argv=None) -> None:
     ap.add_argument("--per-category", type=int, default=16, help="colour items (prompts cycled)")
     ap.add_argument("--shift-scale", type=float, default=2.0, help="size of the intervention's noise offset")
     ap.add_argument("--guidance-scale", type=float, default=1.0, help="CFG scale (1 = off, as in the demo)")
+    ap.add_argument("--pair-gamma", type=float, default=0.05, help="churn of the FDFO pairs (the demo's sampler.gamma)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="", help="write the numbers as JSON here")
     args = ap.parse_args(argv)
@@ -119,8 +147,11 @@ def main(argv=None) -> None:
             ap.error(f"{name} {path} is not a folder")
     if args.seeds < 1 or args.per_category < 1:
         ap.error("--seeds and --per-category must be >= 1")
+    if args.pair_gamma <= 0:
+        ap.error("--pair-gamma must be > 0: with no churn the two branches are the same image")
     torch.set_num_threads(args.threads)
-    res = run(args.model, args.lora, args.split, args.seeds, args.per_category, args.shift_scale, args.guidance_scale)
+    res = run(args.model, args.lora, args.split, args.seeds, args.per_category, args.shift_scale, args.guidance_scale,
+              args.pair_gamma)
     for k, v in res.items():
         print(f"  {k:<18} {v if isinstance(v, list) else round(v, 3)}")
     if args.out:

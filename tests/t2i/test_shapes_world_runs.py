@@ -166,3 +166,5 @@ def test_noise_colour_script_runs_on_the_committed_model(tmp_path):
     assert 0 < res["objects"] <= 12 and 0.0 <= res["prompt_match"] <= 1.0
     assert 0.0 <= res["noise_predicts"] <= 1.0 and 0.0 < res["majority"] <= 1.0
     assert any(k.startswith("shifted/") for k in res)
+    # FDFO's pairs: a pair where exactly one branch has the prompt's colour differs in colour
+    assert 0 < res["pair/pairs"] <= 6 and 0.0 <= res["pair/one_matches"] <= res["pair/colour_differs"] <= 1.0
