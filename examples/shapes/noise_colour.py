@@ -13,7 +13,8 @@ seeds each (the evaluation noise of ``evaluate.py``, 10 Euler steps), prints:
                    ``--shift-scale`` x (colour c's class mean - the centre of the class
                    means), and this is the share of objects then drawn in c;
   pair/*           FDFO's pairs as the demo draws them: two branches from one starting
-                   noise, each churned apart (``--pair-gamma``, the demo's 0.05):
+                   noise, each churned apart (``--pair-gamma``, the demo's 0.05), over
+                   half of the ``--seeds``:
                    ``colour_differs``, the share of pairs whose objects differ in colour,
                    and ``one_matches``, the share where exactly one has the prompt's
                    colour (the pairs whose reward difference is about colour).
