@@ -106,8 +106,8 @@ def sample_head(head, items: List[Dict[str, Any]], seed: int = 0, num_steps: int
         x0 = head.init_noise(cond, gens)
         if noise_offset is not None:
             x0 = x0 + noise_offset.view(1, -1, *([1] * (x0.ndim - 2))).to(x0)
-        chain = [rng.generator(chain_seed, rng.STREAM_CHAIN, s + j, 0, 0) for j in range(len(chunk))]
-        res = sample_chain(head.velocity, sampler or EulerSampler(), x0, cond, times, chain if sampler else None)
+        chain = [rng.generator(chain_seed, rng.STREAM_CHAIN, s + j, 0, 0) for j in range(len(chunk))] if sampler else None
+        res = sample_chain(head.velocity, sampler or EulerSampler(), x0, cond, times, chain)
         out.append(head.decode(res["states"][:, -1], cond))
         noises.append(x0)
     return (torch.cat(out), torch.cat(noises)) if with_noise else torch.cat(out)
