@@ -1,7 +1,8 @@
 """The text-to-image head: one diffusers pipeline behind flowrl's Head contract.
 
 Shared here: loading with the pipeline's own ``from_pretrained`` (offline-aware), frozen
-VAE and text encoders in eval mode, LoRA through peft (or full fine-tuning), the
+VAE and text encoders in eval mode (or, ``train_text_encoder``, a trained one whose prompts
+are embedded on every call), LoRA through peft (or full fine-tuning), the
 reference policy as the same weights with the adapter disabled, prompt-embedding cache,
 classifier-free guidance identical at rollout and training time, VAE decoding, saving
 LoRA weights with the family's ``save_lora_weights`` and image grids.
@@ -52,12 +53,14 @@ class T2IHeadConfig:
     lora_rank: int = hfield(32, "LoRA rank r (0 = full fine-tuning of the denoiser)")
     lora_alpha: float = hfield(64.0, "LoRA alpha (FDFO / Flow-GRPO: 64 with r = 32)")
     lora_targets: List[str] = hfield(default_factory=list, help="LoRA target module names (empty = the family's attention projections)")
+    train_text_encoder: bool = hfield(False, "also train the text encoder (sd family): a LoRA of the same rank on its "
+                                      "attention projections, or all its weights when lora_rank = 0")
     gradient_checkpointing: bool = hfield(False, "recompute activations in the backward pass (less memory, ~30% slower)")
     decode_batch_size: int = hfield(8, "images decoded by the VAE at once")
     prompt_cache_size: int = hfield(4096, "prompt embeddings kept in memory (oldest evicted)")
 
     def __post_init__(self) -> None:
-        from flowrl.heads.t2i import FAMILIES
+        from flowrl.heads.t2i import FAMILIES, family_class
 
         if self.family not in FAMILIES:
             raise ValueError(f"head.family must be one of {sorted(FAMILIES)}")
@@ -69,6 +72,8 @@ class T2IHeadConfig:
             raise ValueError("head.resolution must be a positive multiple of 8")
         if self.lora_rank < 0 or self.lora_alpha <= 0:
             raise ValueError("head.lora_rank must be >= 0 and head.lora_alpha > 0")
+        if self.train_text_encoder and not family_class(self.family).text_encoder_targets:
+            raise ValueError(f"head.train_text_encoder: the {self.family} family cannot train its text encoder (sd can)")
         if self.guidance_scale < 0 or self.decode_batch_size < 1 or self.prompt_cache_size < 1:
             raise ValueError("head.guidance_scale must be >= 0; head.decode_batch_size and head.prompt_cache_size >= 1")
 
@@ -84,6 +89,7 @@ class T2IHead(Head):
     denoiser_name: str = "transformer"  # pipeline attribute of the trained network
     default_targets: Sequence[str] = ("to_q", "to_k", "to_v", "to_out.0")
     uses_cfg: bool = True             # False: guidance goes into the model (FLUX)
+    text_encoder_targets: Sequence[str] = ()  # LoRA targets in the text encoder; empty: the family cannot train it
 
     def __init__(self, config: T2IHeadConfig):
         super().__init__()
@@ -92,12 +98,14 @@ class T2IHead(Head):
         self.pipe = self._load_pipeline()
         quiet_repeated_truncation(type(self.pipe).__module__)
         self.denoiser = getattr(self.pipe, self.denoiser_name)
-        frozen = {k: v for k, v in self.pipe.components.items() if isinstance(v, nn.Module) and k != self.denoiser_name}
+        trained = {self.denoiser_name, "text_encoder"} if config.train_text_encoder else {self.denoiser_name}
+        frozen = {k: v for k, v in self.pipe.components.items() if isinstance(v, nn.Module) and k not in trained}
         self.frozen = nn.ModuleDict(frozen)
         self.frozen.requires_grad_(False)
-        self.lora_config = None
+        self.text_encoder = self.pipe.text_encoder if config.train_text_encoder else None
+        self.lora_config = self.text_lora_config = None
         if config.lora_rank > 0:
-            from peft import LoraConfig
+            from peft import LoraConfig, inject_adapter_in_model
 
             self.denoiser.requires_grad_(False)
             self.lora_config = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
@@ -107,11 +115,18 @@ class T2IHead(Head):
                 self.denoiser.add_adapter(self.lora_config)
             except ValueError as e:
                 raise ConfigError(f"head.lora_targets: {str(e).splitlines()[0]}") from None
-            for p in self.denoiser.parameters():  # train adapters in float32 even on bf16 weights
+            if self.text_encoder is not None:
+                self.text_encoder.requires_grad_(False)
+                self.text_lora_config = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
+                                                   target_modules=list(self.text_encoder_targets), init_lora_weights=True)
+                inject_adapter_in_model(self.text_lora_config, self.text_encoder)
+            for p in self.parameters():  # train adapters in float32 even on bf16 weights
                 if p.requires_grad:
                     p.data = p.data.float()
         else:
             self.denoiser.requires_grad_(True)
+            if self.text_encoder is not None:
+                self.text_encoder.requires_grad_(True)
         if config.gradient_checkpointing:
             self.denoiser.enable_gradient_checkpointing()
         self._cache: "OrderedDict[Optional[str], Dict[str, Tensor]]" = OrderedDict()
@@ -145,6 +160,14 @@ class T2IHead(Head):
         """Embeddings of each prompt: dict of [n, ...] tensors (no CFG doubling)."""
         raise NotImplementedError
 
+    def tokenize_prompts(self, prompts: List[str]) -> Dict[str, Tensor]:
+        """Token ids of each prompt: dict of [n, L] int tensors (families that train the text encoder)."""
+        raise NotImplementedError
+
+    def embed_tokens(self, tokens: Dict[str, Tensor]) -> Dict[str, Tensor]:
+        """``tokenize_prompts``'s output -> ``encode_prompts``'s, differentiable in the text encoder."""
+        raise NotImplementedError
+
     def latent_shape(self) -> Sequence[int]:
         """Shape of one sample's latents (without the batch dim)."""
         raise NotImplementedError
@@ -168,22 +191,26 @@ class T2IHead(Head):
 
     @torch.no_grad()
     def encode(self, batch: Sequence[Any]) -> Dict[str, Tensor]:
-        """{key: [B, ...]} positive embeddings, plus ``neg_<key>`` when CFG is on."""
+        """{key: [B, ...]} positive embeddings, plus ``neg_<key>`` when CFG is on. With a trained
+        text encoder the keys hold token ids instead; ``velocity`` embeds them on every call."""
         prompts = prompts_of(batch)
         missing = list(dict.fromkeys(p for p in prompts if p not in self._cache))
         if missing:
-            enc = self.encode_prompts(missing)
+            enc = self._encode_or_tokenize(missing)
             for i, p in enumerate(missing):
                 self._remember(p, {k: v[i].cpu() for k, v in enc.items()})
         rows = [self._cache[p] for p in prompts]
         cond = {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
         if self.uses_cfg and self.config.guidance_scale > 1:
             if None not in self._cache:
-                enc = self.encode_prompts([self.config.negative_prompt])
+                enc = self._encode_or_tokenize([self.config.negative_prompt])
                 self._remember(None, {k: v[0].cpu() for k, v in enc.items()})
             neg = self._cache[None]
             cond.update({f"neg_{k}": v.unsqueeze(0).expand(len(prompts), *v.shape).contiguous() for k, v in neg.items()})
         return cond
+
+    def _encode_or_tokenize(self, prompts: List[str]) -> Dict[str, Tensor]:
+        return self.tokenize_prompts(prompts) if self.text_encoder is not None else self.encode_prompts(prompts)
 
     def _remember(self, key: Optional[str], value: Dict[str, Tensor]) -> None:
         self._cache[key] = value
@@ -196,6 +223,8 @@ class T2IHead(Head):
         return torch.stack([torch.randn(shape, generator=g, device=g.device, dtype=torch.float32) for g in generators])
 
     def velocity(self, x: Tensor, t: Tensor, cond: Dict[str, Tensor]) -> Tensor:
+        if self.text_encoder is not None:
+            cond = self._embedded(cond)
         pos = {k: v for k, v in cond.items() if not k.startswith("neg_")}
         xm = x.to(self.dtype)
 
@@ -207,13 +236,30 @@ class T2IHead(Head):
             return guided_velocity(call, xm, t, pos, neg, self.config.guidance_scale)
         return call(xm, t, pos)
 
+    def _embedded(self, cond: Dict[str, Tensor]) -> Dict[str, Tensor]:
+        """Token ids (``encode``'s output with a trained text encoder) -> embeddings, with gradients."""
+        out = {}
+        for prefix in ("", "neg_"):
+            tokens = {k[len(prefix):]: v for k, v in cond.items() if k.startswith(prefix) and (prefix or not k.startswith("neg_"))}
+            if tokens:
+                emb = self.embed_tokens({k: v.to(self.device) for k, v in tokens.items()})
+                out.update({prefix + k: v for k, v in emb.items()})
+        return out
+
     @contextmanager
     def adapters_disabled(self) -> Iterator[None]:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        text_layers = [m for m in self.text_encoder.modules() if isinstance(m, BaseTunerLayer)] if self.text_lora_config else []
         self.denoiser.disable_adapters()
+        for m in text_layers:
+            m.enable_adapters(False)
         try:
             yield
         finally:
             self.denoiser.enable_adapters()
+            for m in text_layers:
+                m.enable_adapters(True)
 
     def reference_velocity(self, x, t, cond):
         if self.lora_config is None:
@@ -235,6 +281,11 @@ class T2IHead(Head):
 
         return get_peft_model_state_dict(self.denoiser)
 
+    def text_lora_state_dict(self) -> Dict[str, Tensor]:
+        from peft.utils import get_peft_model_state_dict
+
+        return get_peft_model_state_dict(self.text_encoder)
+
     def save_pretrained(self, directory: str) -> None:
         """LoRA: the family's ``save_lora_weights`` (plain diffusers ``load_lora_weights`` reads it);
         full fine-tuning: the whole pipeline with ``save_pretrained``."""
@@ -242,9 +293,14 @@ class T2IHead(Head):
         if self.lora_config is not None:
             meta = self.lora_config.to_dict()
             meta["target_modules"] = sorted(meta["target_modules"])
-            type(self.pipe).save_lora_weights(directory, **{
-                f"{self.denoiser_name}_lora_layers": self.lora_state_dict(),
-                f"{self.denoiser_name}_lora_adapter_metadata": meta})
+            layers = {f"{self.denoiser_name}_lora_layers": self.lora_state_dict(),
+                      f"{self.denoiser_name}_lora_adapter_metadata": meta}
+            if self.text_lora_config is not None:
+                text_meta = self.text_lora_config.to_dict()
+                text_meta["target_modules"] = sorted(text_meta["target_modules"])
+                layers.update(text_encoder_lora_layers=self.text_lora_state_dict(),
+                              text_encoder_lora_adapter_metadata=text_meta)
+            type(self.pipe).save_lora_weights(directory, **layers)
         else:
             self.pipe.save_pretrained(directory)
         with open(os.path.join(directory, "flowrl_head.json"), "w") as fh:

@@ -34,6 +34,7 @@ class SDHead(T2IHead):
     denoiser_name = "unet"
     default_targets = ("to_q", "to_k", "to_v", "to_out.0")
     prediction = "epsilon"
+    text_encoder_targets = ("q_proj", "k_proj", "v_proj", "out_proj")
 
     def __init__(self, config):
         super().__init__(config)
@@ -51,6 +52,17 @@ class SDHead(T2IHead):
     def encode_prompts(self, prompts: List[str]) -> Dict[str, Tensor]:
         embeds, _ = self.pipe.encode_prompt(prompts, self.device, 1, False)
         return {"prompt_embeds": embeds}
+
+    def tokenize_prompts(self, prompts: List[str]) -> Dict[str, Tensor]:
+        tok = self.pipe.tokenizer
+        out = tok(prompts, padding="max_length", max_length=tok.model_max_length, truncation=True, return_tensors="pt")
+        masked = getattr(self.pipe.text_encoder.config, "use_attention_mask", False)
+        return {"input_ids": out.input_ids, **({"attention_mask": out.attention_mask} if masked else {})}
+
+    def embed_tokens(self, tokens: Dict[str, Tensor]) -> Dict[str, Tensor]:
+        """As ``encode_prompt`` without clip skip: the last hidden state of the text encoder."""
+        hidden = self.text_encoder(tokens["input_ids"], attention_mask=tokens.get("attention_mask"))[0]
+        return {"prompt_embeds": hidden.to(self.dtype)}
 
     def latent_shape(self):
         side = self.config.resolution // self.pipe.vae_scale_factor
