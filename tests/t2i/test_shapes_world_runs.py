@@ -168,3 +168,31 @@ def test_noise_colour_script_runs_on_the_committed_model(tmp_path):
     assert any(k.startswith("shifted/") for k in res)
     # FDFO's pairs: a pair where exactly one branch has the prompt's colour differs in colour
     assert 0 < res["pair/pairs"] <= 6 and 0.0 <= res["pair/one_matches"] <= res["pair/colour_differs"] <= 1.0
+
+
+def test_pairs_compare_sees_a_swapped_relation_and_only_that():
+    from examples.shapes.pairs import compare
+    from rewards.shapes.prompts import item_spec, parse_prompt
+    from rewards.shapes.world import Obj, Scene, render
+
+    spec = item_spec(parse_prompt("a circle left of a square"))
+    left = Obj("circle", "red", 0.25, 0.5, 0.3), Obj("square", "blue", 0.75, 0.5, 0.3)
+    right = Obj("circle", "red", 0.75, 0.5, 0.3), Obj("square", "blue", 0.25, 0.5, 0.3)
+    a, b = (render(Scene(objs)).astype(np.float64) for objs in (left, right))
+    assert compare(a, b, spec) == (True, False, True)
+    assert compare(a, a, spec) == (True, True, False)
+    missing = render(Scene(left[:1])).astype(np.float64)  # the square is not drawn: no relation to compare
+    assert compare(a, missing, spec) == (True, False, None)
+    assert compare(a, a, item_spec(parse_prompt("a circle")))[2] is None
+
+
+def test_pairs_script_runs_on_the_committed_model(tmp_path):
+    from examples.shapes.pairs import main
+
+    out = tmp_path / "pairs.json"
+    main(["--seeds", "1", "--per-category", "2", "--threads", "1", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert set(res) == set(CATEGORIES)
+    for cat, st in res.items():
+        assert st["pairs"] == 2 and 0.0 <= st["both_pass"] + st["pass_differs"] <= 1.0
+        assert ("rel_pairs" in st) == (cat == "position")
