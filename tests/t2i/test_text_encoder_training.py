@@ -103,3 +103,19 @@ def test_fdfo_moves_the_text_encoder(flow_unet, tmp_path):
     theirs, _ = pipe.encode_prompt(PROMPTS, "cpu", 1, False)
     ours = trainer.head.embed_tokens(trainer.head.encode(PROMPTS))["prompt_embeds"]
     assert torch.allclose(theirs, ours.detach(), atol=1e-5)
+
+
+def test_resume_restores_the_text_encoder_exactly(flow_unet, tmp_path):
+    def run(out, steps, resume=False):
+        cfg = load_config("configs/t2i/sd35m_fdfo.yaml", tiny_overrides(flow_unet, out) + [
+            "head.family=sd", "head.train_text_encoder=true", "train.checkpoint_every=1", f"max_steps={steps}",
+            f"resume={str(resume).lower()}"])
+        trainer = Trainer(cfg)
+        trainer.train()
+        return _text_params(trainer.head)
+
+    full = run(tmp_path / "full", 2)
+    run(tmp_path / "part", 1)
+    resumed = run(tmp_path / "part", 2, resume=True)
+    assert set(full) == set(resumed)
+    assert all(torch.equal(full[n], resumed[n]) for n in full)
