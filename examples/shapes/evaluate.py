@@ -149,6 +149,35 @@ def reference_samples(model: str, per_category: int = 1) -> torch.Tensor:
     return (images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1)
 
 
+def add_diagnostic_args(ap: argparse.ArgumentParser, seeds: int, per_category_help: str) -> None:
+    """The options ``noise_colour.py`` and ``pairs.py`` share: model, LoRA, split, seeds, items,
+    threads and ``--out``."""
+    ap.add_argument("--model", default=os.path.join(ROOT, "examples", "shapes", "model"), help="pipeline folder")
+    ap.add_argument("--lora", default="", help="optional LoRA folder (a flowrl run's final/)")
+    ap.add_argument("--split", choices=["eval", "train", "pretrain"], default="eval")
+    ap.add_argument("--seeds", type=int, default=seeds, help="noise seeds per item")
+    ap.add_argument("--per-category", type=int, default=16, help=per_category_help)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="", help="write the numbers as JSON here")
+
+
+def check_diagnostic_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject bad ``add_diagnostic_args`` values with a one-line usage error; set the threads."""
+    for name, path in (("--model", args.model), ("--lora", args.lora)):
+        if path and not os.path.isdir(path):
+            ap.error(f"{name} {path} is not a folder")
+    if args.seeds < 1 or args.per_category < 1:
+        ap.error("--seeds and --per-category must be >= 1")
+    torch.set_num_threads(args.threads)
+
+
+def write_json(path: str, obj: Any) -> None:
+    """``obj`` as indented JSON at ``path`` (its folder made if missing); nothing for an empty path."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as fh:
+            json.dump(obj, fh, indent=2)
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=os.path.join(ROOT, "examples", "shapes", "model"), help="pipeline folder")
@@ -197,9 +226,7 @@ def main(argv=None) -> None:
         for cat in CATEGORIES:
             print(f"    {cat:14s} {metrics[f'mean_pass/{cat}']:.3f} / {metrics[f'{k}/{cat}']:.3f}")
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as fh:
-            json.dump({"metrics": metrics, "args": vars(args)}, fh, indent=2)
+        write_json(args.out, {"metrics": metrics, "args": vars(args)})
         from torchvision.utils import save_image
 
         save_image(images, os.path.splitext(args.out)[0] + ".png", nrow=args.per_category)

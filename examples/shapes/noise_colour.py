@@ -23,7 +23,6 @@ Writes the numbers as JSON with ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -131,34 +130,22 @@ def run(model: str, lora: str = "", split: str = "eval", seeds: int = 16, per_ca
 
 
 def main(argv=None) -> None:
+    from examples.shapes.evaluate import add_diagnostic_args, check_diagnostic_args, write_json
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=os.path.join(ROOT, "examples", "shapes", "model"), help="pipeline folder")
-    ap.add_argument("--lora", default="", help="optional LoRA folder (a flowrl run's final/)")
-    ap.add_argument("--split", choices=["eval", "train", "pretrain"], default="eval")
-    ap.add_argument("--seeds", type=int, default=16, help="noise seeds per item")
-    ap.add_argument("--per-category", type=int, default=16, help="colour items (prompts cycled)")
+    add_diagnostic_args(ap, seeds=16, per_category_help="colour items (prompts cycled)")
     ap.add_argument("--shift-scale", type=float, default=2.0, help="size of the intervention's noise offset")
     ap.add_argument("--guidance-scale", type=float, default=1.0, help="CFG scale (1 = off, as in the demo)")
     ap.add_argument("--pair-gamma", type=float, default=0.05, help="churn of the FDFO pairs (the demo's sampler.gamma)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="", help="write the numbers as JSON here")
     args = ap.parse_args(argv)
-    for name, path in (("--model", args.model), ("--lora", args.lora)):
-        if path and not os.path.isdir(path):
-            ap.error(f"{name} {path} is not a folder")
-    if args.seeds < 1 or args.per_category < 1:
-        ap.error("--seeds and --per-category must be >= 1")
+    check_diagnostic_args(ap, args)
     if args.pair_gamma <= 0:
         ap.error("--pair-gamma must be > 0: with no churn the two branches are the same image")
-    torch.set_num_threads(args.threads)
     res = run(args.model, args.lora, args.split, args.seeds, args.per_category, args.shift_scale, args.guidance_scale,
               args.pair_gamma)
     for k, v in res.items():
         print(f"  {k:<18} {v if isinstance(v, list) else round(v, 3)}")
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as fh:
-            json.dump(res, fh, indent=2)
+    write_json(args.out, res)
 
 
 if __name__ == "__main__":

@@ -16,13 +16,11 @@ Writes the numbers as JSON with ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
@@ -71,34 +69,20 @@ def pair_stats(head, items: List[Dict[str, Any]], seeds: int, gamma: float) -> D
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
+    from examples.shapes.evaluate import add_diagnostic_args, check_diagnostic_args, eval_items, load_head, write_json
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=os.path.join(ROOT, "examples", "shapes", "model"), help="pipeline folder")
-    ap.add_argument("--lora", default="", help="optional LoRA folder (a flowrl run's final/)")
-    ap.add_argument("--split", choices=["eval", "train", "pretrain"], default="eval")
-    ap.add_argument("--seeds", type=int, default=8, help="noise seeds per item")
-    ap.add_argument("--per-category", type=int, default=16, help="items per category (prompts cycled)")
+    add_diagnostic_args(ap, seeds=8, per_category_help="items per category (prompts cycled)")
     ap.add_argument("--gamma", type=float, default=0.05, help="churn of the pairs (the demo's sampler.gamma)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="", help="write the numbers as JSON here")
     args = ap.parse_args(argv)
-    for name, path in (("--model", args.model), ("--lora", args.lora)):
-        if path and not os.path.isdir(path):
-            ap.error(f"{name} {path} is not a folder")
-    if args.seeds < 1 or args.per_category < 1:
-        ap.error("--seeds and --per-category must be >= 1")
+    check_diagnostic_args(ap, args)
     if args.gamma <= 0:
         ap.error("--gamma must be > 0: with no churn the two branches are the same image")
-    torch.set_num_threads(args.threads)
-    from examples.shapes.evaluate import eval_items, load_head
-
     res = pair_stats(load_head(args.model, 1.0, args.lora), eval_items(0, args.per_category, args.split),
                      args.seeds, args.gamma)
     for cat, st in res.items():
         print(f"  {cat:<14} " + "  ".join(f"{k} {v if isinstance(v, int) else round(v, 3)}" for k, v in st.items()))
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as fh:
-            json.dump(res, fh, indent=2)
+    write_json(args.out, res)
 
 
 if __name__ == "__main__":
