@@ -238,12 +238,11 @@ class T2IHead(Head):
 
     def _embedded(self, cond: Dict[str, Tensor]) -> Dict[str, Tensor]:
         """Token ids (``encode``'s output with a trained text encoder) -> embeddings, with gradients."""
-        out = {}
-        for prefix in ("", "neg_"):
-            tokens = {k[len(prefix):]: v for k, v in cond.items() if k.startswith(prefix) and (prefix or not k.startswith("neg_"))}
-            if tokens:
-                emb = self.embed_tokens({k: v.to(self.device) for k, v in tokens.items()})
-                out.update({prefix + k: v for k, v in emb.items()})
+        pos = {k: v.to(self.device) for k, v in cond.items() if not k.startswith("neg_")}
+        neg = {k[4:]: v.to(self.device) for k, v in cond.items() if k.startswith("neg_")}
+        out = self.embed_tokens(pos)
+        if neg:
+            out.update({f"neg_{k}": v for k, v in self.embed_tokens(neg).items()})
         return out
 
     @contextmanager
