@@ -178,6 +178,7 @@ def write_json(path: str, obj: Any) -> None:
         with open(path, "w") as fh:
             json.dump(obj, fh, indent=2)
 
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=os.path.join(ROOT, "examples", "shapes", "model"), help="pipeline folder")

@@ -75,14 +75,11 @@ def draw(head, items: List[Dict], seed: int, offset: Optional[torch.Tensor] = No
 def pair_colours(head, items: List[Dict], seeds: int, gamma: float) -> Dict[str, float]:
     """FDFO's pairs (one starting noise, two churned branches) of the ``items`` -> the share of
     pairs (both objects found) whose colours differ, and where exactly one is the prompt's."""
-    from examples.shapes.evaluate import sample_head
-    from flowrl.samplers.churn import ChurnSampler
-    from rewards.shapes.verifier import _to_hwc255
+    from examples.shapes.pairs import pair_images
 
     differ, one = [], []
     for s in range(seeds):
-        a, b = (_to_hwc255(sample_head(head, items, s, 10, sampler=ChurnSampler(gamma=gamma), chain_seed=2 * s + k))
-                for k in (0, 1))
+        a, b = pair_images(head, items, s, gamma)
         for j, it in enumerate(items):
             ca, cb = object_colour_and_mask(a[j])[0], object_colour_and_mask(b[j])[0]
             if ca is not None and cb is not None:

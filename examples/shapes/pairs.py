@@ -41,18 +41,26 @@ def compare(image_a: np.ndarray, image_b: np.ndarray, spec: Dict[str, Any]) -> T
     return passes[0], passes[1], _relation_holds(groups[0], rel) != _relation_holds(groups[1], rel)
 
 
-def pair_stats(head, items: List[Dict[str, Any]], seeds: int, gamma: float) -> Dict[str, Dict[str, float]]:
-    """The demo's pairs of ``items`` over ``seeds`` noise seeds -> {category: stats}."""
+def pair_images(head, items: List[Dict[str, Any]], seed: int, gamma: float) -> Tuple[np.ndarray, np.ndarray]:
+    """The demo's pairs of ``items`` from evaluation noise seed ``seed``: both branches start from
+    that noise and are churned apart (``gamma``) over 10 steps -> two [N, H, W, 3] arrays (0..255)."""
     from examples.shapes.evaluate import sample_head
     from flowrl.samplers.churn import ChurnSampler
-    from rewards.shapes.prompts import item_spec
     from rewards.shapes.verifier import _to_hwc255
+
+    a, b = (_to_hwc255(sample_head(head, items, seed, 10, sampler=ChurnSampler(gamma=gamma), chain_seed=2 * seed + k))
+            for k in (0, 1))
+    return a, b
+
+
+def pair_stats(head, items: List[Dict[str, Any]], seeds: int, gamma: float) -> Dict[str, Dict[str, float]]:
+    """The demo's pairs of ``items`` over ``seeds`` noise seeds -> {category: stats}."""
+    from rewards.shapes.prompts import item_spec
 
     rows: Dict[str, List[Tuple[bool, bool, Optional[bool]]]] = {}
     related = set()
     for s in range(seeds):
-        a, b = (_to_hwc255(sample_head(head, items, s, 10, sampler=ChurnSampler(gamma=gamma), chain_seed=2 * s + k))
-                for k in (0, 1))
+        a, b = pair_images(head, items, s, gamma)
         for j, item in enumerate(items):
             spec = item_spec(item)
             rows.setdefault(spec["category"], []).append(compare(a[j], b[j], spec))
