@@ -288,7 +288,8 @@ def measure(pipe, items, seeds, steps: int, guidance: float):
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--output-dir", default="", help="pipeline folder (required unless --bench)")
-    ap.add_argument("--log-dir", default="")
+    ap.add_argument("--log-dir", default="", help="log.txt and curve.jsonl (default: OUTPUT_DIR_log, or "
+                                                   "outputs/pretrain_bench_log with --bench)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--split-seed", type=int, default=0)
     ap.add_argument("--scenes-per-prompt", type=int, default=256)
@@ -318,7 +319,10 @@ def parse_args(argv=None):
     ap.add_argument("--eval-guidance", type=float, nargs="+", default=[1.0, 3.0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--bench", type=int, default=0, help="only time this many training steps and exit")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if not args.bench and not args.output_dir:
+        ap.error("--output-dir is required (or --bench N to time N steps)")
+    return args
 
 
 def main(argv=None) -> None:
@@ -330,10 +334,7 @@ def main(argv=None) -> None:
     diffusers.utils.logging.set_verbosity_error()
     transformers.utils.logging.set_verbosity_error()
     torch.manual_seed(args.seed)
-    here = os.path.dirname(os.path.abspath(__file__))
-    if not args.bench and not args.output_dir:
-        raise SystemExit("--output-dir is required")
-    log_dir = args.log_dir or (args.output_dir.rstrip("/") + "_log" if args.output_dir else os.path.join(here, "bench_log"))
+    log_dir = args.log_dir or (args.output_dir.rstrip("/") + "_log" if args.output_dir else os.path.join("outputs", "pretrain_bench_log"))
     os.makedirs(log_dir, exist_ok=True)
     t_start = time.time()
 
@@ -461,9 +462,11 @@ def main(argv=None) -> None:
     record(args.steps, last_loss, train_s / args.steps)
     swap_ema()  # save the EMA weights
     set_mode(pipe, False)
-    if os.path.isdir(args.output_dir):
-        shutil.rmtree(args.output_dir)
-    pipe.save_pretrained(args.output_dir, safe_serialization=True)
+    tmp = args.output_dir.rstrip("/") + ".tmp"  # written whole first: a failed save keeps the earlier model
+    shutil.rmtree(tmp, ignore_errors=True)
+    pipe.save_pretrained(tmp, safe_serialization=True)
+    shutil.rmtree(args.output_dir, ignore_errors=True)
+    os.replace(tmp, args.output_dir)
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(args.output_dir) for f in fs)
     info = {"args": vars(args), "parameters": params, "train_s": round(train_s, 1),
             "total_s": round(time.time() - t_start, 1), "size_mb": round(size / 2 ** 20, 2),

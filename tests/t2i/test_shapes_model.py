@@ -1,9 +1,12 @@
 """The committed shapes-world model loads offline through the t2i head and reproduces its
 stored seeded samples (examples/shapes/reference_samples.png); the committed ShapesCLIP
-loads through the CLIP reward and reproduces its stored scores."""
+loads through the CLIP reward and reproduces its stored scores; examples/shapes/pretrain.py
+runs end to end on a tiny budget."""
+import json
 import os
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
@@ -37,8 +40,6 @@ CLIP = os.path.join(ROOT, "examples", "shapes", "clip")
 
 
 def test_committed_shapes_clip_loads_through_the_clip_reward_and_reproduces_its_stored_scores():
-    import json
-
     from examples.shapes.train_clip import reference_scores
 
     torch.set_num_threads(1)
@@ -52,3 +53,32 @@ def test_committed_shapes_clip_loads_through_the_clip_reward_and_reproduces_its_
     assert all(m > w for m, w in zip(stored["matched"], stored["mismatched"]))
     size = sum(os.path.getsize(os.path.join(CLIP, f)) for f in os.listdir(CLIP))
     assert size <= 25 * 2 ** 20
+
+
+def test_pretrain_script_writes_a_pipeline_the_head_loads_and_replaces_it_whole(tmp_path):
+    """Two steps on two scenes per prompt: a real run of examples/shapes/pretrain.py, small."""
+    from examples.shapes.evaluate import load_head
+    from examples.shapes.pretrain import main
+
+    out = tmp_path / "model"
+    args = ["--output-dir", str(out), "--steps", "2", "--scenes-per-prompt", "2", "--warmup", "1",
+            "--eval-every", "0", "--eval-per-category", "1", "--eval-steps", "2", "--eval-guidance", "1"]
+    main(args)
+    info = json.loads((tmp_path / "model_log" / "pretrain.json").read_text())
+    assert info["parameters"]["unet"] > 0 and info["args"]["steps"] == 2
+    curve = [json.loads(line) for line in (tmp_path / "model_log" / "curve.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in curve] == [2] and 0.0 <= curve[0]["heldout_cfg1"]["overall"] <= 1.0
+    head = load_head(str(out))
+    assert head.prediction == "velocity"
+    first = (out / "unet" / "diffusion_pytorch_model.safetensors").read_bytes()
+    main(args + ["--seed", "1"])  # a second run into the same folder replaces it, leaving no temporary
+    assert (out / "unet" / "diffusion_pytorch_model.safetensors").read_bytes() != first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model_log"]
+
+
+def test_pretrain_script_refuses_a_run_without_an_output_folder(capsys):
+    from examples.shapes.pretrain import main
+
+    with pytest.raises(SystemExit) as err:
+        main(["--steps", "2"])
+    assert err.value.code == 2 and "--output-dir is required" in capsys.readouterr().err
