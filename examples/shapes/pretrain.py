@@ -290,34 +290,56 @@ def parse_args(argv=None):
     ap.add_argument("--output-dir", default="", help="pipeline folder (required unless --bench)")
     ap.add_argument("--log-dir", default="", help="log.txt and curve.jsonl (default: OUTPUT_DIR_log, or "
                                                    "outputs/pretrain_bench_log with --bench)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--split-seed", type=int, default=0)
-    ap.add_argument("--scenes-per-prompt", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--warmup", type=int, default=100)
-    ap.add_argument("--weight-decay", type=float, default=0.01)
-    ap.add_argument("--cfg-dropout", type=float, default=0.1)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the rendered scenes, the weights and the training order")
+    ap.add_argument("--split-seed", type=int, default=0,
+                    help="seed of the pretrain / RL / held-out prompt split (rewards.shapes.prompts)")
+    ap.add_argument("--scenes-per-prompt", type=int, default=256,
+                    help="rendered scenes per pretraining prompt")
+    ap.add_argument("--steps", type=int, default=3000,
+                    help="optimizer steps")
+    ap.add_argument("--batch-size", type=int, default=64,
+                    help="images per step")
+    ap.add_argument("--lr", type=float, default=2e-3,
+                    help="peak AdamW learning rate (cosine decay after the warmup)")
+    ap.add_argument("--warmup", type=int, default=100,
+                    help="linear warmup steps")
+    ap.add_argument("--weight-decay", type=float, default=0.01,
+                    help="AdamW weight decay")
+    ap.add_argument("--cfg-dropout", type=float, default=0.1,
+                    help="share of captions replaced by the empty prompt (for classifier-free guidance)")
     ap.add_argument("--caption-noise", type=float, default=0.1,
                     help="share of captions replaced by a near-miss prompt of the same category "
                          "(rewards.shapes.prompts.mismatch; never a held-out prompt), like web captions' noise")
-    ap.add_argument("--t-dist", choices=["uniform", "logit_normal"], default="uniform")
+    ap.add_argument("--t-dist", choices=["uniform", "logit_normal"], default="uniform",
+                    help="distribution of training times before the shift")
     ap.add_argument("--shift", type=float, default=3.0, help="scheduler shift S; training t -> S t / (1 + (S-1) t)")
-    ap.add_argument("--ema", type=float, default=0.999)
-    ap.add_argument("--channels", type=int, nargs="+", default=[32, 64, 64])
-    ap.add_argument("--attn", type=int, nargs="+", default=[0, 0, 1], help="cross-attention per level (0/1)")
-    ap.add_argument("--layers-per-block", type=int, default=1)
+    ap.add_argument("--ema", type=float, default=0.999,
+                    help="EMA decay of the saved weights (0 = save the raw weights)")
+    ap.add_argument("--channels", type=int, nargs="+", default=[32, 64, 64],
+                    help="UNet channels per resolution level (32x32, 16x16, 8x8)")
+    ap.add_argument("--attn", type=int, nargs="+", default=[0, 0, 1],
+                    help="cross-attention per level (0/1); 0 1 1 adds it at 16x16")
+    ap.add_argument("--layers-per-block", type=int, default=1,
+                    help="ResNet layers per UNet block")
     ap.add_argument("--groups", type=int, default=8, help="GroupNorm groups")
     ap.add_argument("--head-dim", type=int, default=16, help="channels per attention head")
-    ap.add_argument("--text-dim", type=int, default=64)
-    ap.add_argument("--text-layers", type=int, default=2)
-    ap.add_argument("--text-heads", type=int, default=2)
-    ap.add_argument("--eval-every", type=int, default=500)
-    ap.add_argument("--eval-per-category", type=int, default=16)
-    ap.add_argument("--eval-steps", type=int, default=20)
-    ap.add_argument("--eval-guidance", type=float, nargs="+", default=[1.0, 3.0])
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--text-dim", type=int, default=64,
+                    help="text encoder width (= the UNet's cross-attention dim)")
+    ap.add_argument("--text-layers", type=int, default=2,
+                    help="text encoder layers")
+    ap.add_argument("--text-heads", type=int, default=2,
+                    help="text encoder attention heads")
+    ap.add_argument("--eval-every", type=int, default=500,
+                    help="held-out evaluation every N steps (0 = only at the end)")
+    ap.add_argument("--eval-per-category", type=int, default=16,
+                    help="held-out images per category in each evaluation")
+    ap.add_argument("--eval-steps", type=int, default=20,
+                    help="Euler steps of the evaluation sampler")
+    ap.add_argument("--eval-guidance", type=float, nargs="+", default=[1.0, 3.0],
+                    help="CFG scales evaluated")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads")
     ap.add_argument("--bench", type=int, default=0, help="only time this many training steps and exit")
     args = ap.parse_args(argv)
     if not args.bench and not args.output_dir:
@@ -334,7 +356,8 @@ def main(argv=None) -> None:
     diffusers.utils.logging.set_verbosity_error()
     transformers.utils.logging.set_verbosity_error()
     torch.manual_seed(args.seed)
-    log_dir = args.log_dir or (args.output_dir.rstrip("/") + "_log" if args.output_dir else os.path.join("outputs", "pretrain_bench_log"))
+    bench_log = os.path.join("outputs", "pretrain_bench_log")
+    log_dir = args.log_dir or (args.output_dir.rstrip("/") + "_log" if args.output_dir else bench_log)
     os.makedirs(log_dir, exist_ok=True)
     t_start = time.time()
 
