@@ -18,7 +18,8 @@ FDFO). Components:
   their training mean (baked into the conv biases, because SD1.x pipelines ignore
   ``shift_factor``) times ``scaling_factor`` (1 / std).
 - ``unet``: a small ``UNet2DConditionModel`` (``--channels``, cross-attention at the levels
-  ``--attn`` marks and in the mid block), called as unet(x_t, 1000 t, text) -> eps - x0.
+  ``--attn`` marks (``--up-attn`` for the up path, if it differs) and in the mid block),
+  called as unet(x_t, 1000 t, text) -> eps - x0.
 - ``text_encoder``: a small ``CLIPTextModel`` trained jointly with the UNet (its last hidden
   state is the cross-attention context), with a real CLIP BPE tokenizer built from
   open-clip-torch's shipped vocabulary (``flowrl.heads.t2i.tokenizers``; first 8000 merges,
@@ -197,14 +198,16 @@ def make_unet(args):
 
     ch = tuple(args.channels)
     attn = tuple(args.attn)  # 1 = cross-attention at that level
-    assert len(attn) == len(ch)
+    up_attn = attn if args.up_attn is None else tuple(args.up_attn)
+    only_cross = tuple(bool(o) for o in (args.only_cross or [0] * len(ch)))
+    assert len(attn) == len(ch) == len(up_attn) == len(only_cross)
     down = tuple("CrossAttnDownBlock2D" if a else "DownBlock2D" for a in attn)
-    up = tuple("CrossAttnUpBlock2D" if a else "UpBlock2D" for a in reversed(attn))
+    up = tuple("CrossAttnUpBlock2D" if a else "UpBlock2D" for a in reversed(up_attn))
     torch.manual_seed(args.seed)
     return UNet2DConditionModel(
         sample_size=32, in_channels=3, out_channels=3, down_block_types=down, up_block_types=up,
         mid_block_type="UNetMidBlock2DCrossAttn", block_out_channels=ch, layers_per_block=args.layers_per_block,
-        norm_num_groups=args.groups, cross_attention_dim=args.text_dim,
+        norm_num_groups=args.groups, cross_attention_dim=args.text_dim, only_cross_attention=only_cross,
         attention_head_dim=[max(1, c // args.head_dim) for c in ch],  # diffusers' legacy name: number of heads
         flip_sin_to_cos=True, freq_shift=0)
 
@@ -320,6 +323,11 @@ def parse_args(argv=None):
                     help="UNet channels per resolution level (32x32, 16x16, 8x8)")
     ap.add_argument("--attn", type=int, nargs="+", default=[0, 0, 1],
                     help="cross-attention per level (0/1); 0 1 1 adds it at 16x16")
+    ap.add_argument("--up-attn", type=int, nargs="+", default=None,
+                    help="cross-attention per level in the up path (default: as --attn)")
+    ap.add_argument("--only-cross", type=int, nargs="+", default=None,
+                    help="per level (0/1): its transformer blocks attend to the text twice, no self-attention "
+                         "(default: all 0)")
     ap.add_argument("--layers-per-block", type=int, default=1,
                     help="ResNet layers per UNet block")
     ap.add_argument("--groups", type=int, default=8, help="GroupNorm groups")
@@ -344,6 +352,10 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if not args.bench and not args.output_dir:
         ap.error("--output-dir is required (or --bench N to time N steps)")
+    for name in ("attn", "up_attn", "only_cross"):
+        flags = getattr(args, name)
+        if flags is not None and (len(flags) != len(args.channels) or set(flags) - {0, 1}):
+            ap.error(f"--{name.replace('_', '-')} needs one 0/1 per level of --channels ({len(args.channels)})")
     return args
 
 
@@ -476,7 +488,7 @@ def main(argv=None) -> None:
             t_eval += time.time() - t0
     if args.bench:
         sps = (time.time() - t_b) / (total - 3)
-        log(f"BENCH channels {args.channels} attn {args.attn} lpb {args.layers_per_block}: {sps:.3f} s/step "
+        log(f"BENCH channels {args.channels} attn {args.attn} up {args.up_attn} only-cross {args.only_cross} lpb {args.layers_per_block}: {sps:.3f} s/step "
             f"(batch {args.batch_size}, {args.threads} thread), unet {params['unet'] / 1e6:.2f}M params, "
             f"loss {run_loss / total:.4f}")
         return

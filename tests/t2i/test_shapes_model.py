@@ -76,6 +76,28 @@ def test_pretrain_script_writes_a_pipeline_the_head_loads_and_replaces_it_whole(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model_log"]
 
 
+def test_pretrain_unet_options_place_cross_attention_per_level_and_path():
+    """--attn marks the down path, --up-attn the up path, --only-cross drops a level's self-attention."""
+    from examples.shapes.pretrain import make_unet, parse_args
+
+    def blocks(*flags):
+        unet = make_unet(parse_args(["--output-dir", "unused", *flags]))
+        return unet.config.down_block_types, unet.config.up_block_types, unet
+
+    down, up, _ = blocks()
+    assert down == ("DownBlock2D", "DownBlock2D", "CrossAttnDownBlock2D")
+    assert up == ("CrossAttnUpBlock2D", "UpBlock2D", "UpBlock2D")
+    down, up, unet = blocks("--attn", "0", "1", "1", "--up-attn", "0", "0", "1", "--only-cross", "0", "1", "0")
+    assert down == ("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D")
+    assert up == ("CrossAttnUpBlock2D", "UpBlock2D", "UpBlock2D")
+    only = [b.only_cross_attention for a in unet.down_blocks[1:] for t in a.attentions
+            for b in t.transformer_blocks]
+    assert only == [True, False]  # 16x16 attends to the text only; 8x8 keeps its self-attention
+    with pytest.raises(SystemExit) as err:
+        parse_args(["--output-dir", "unused", "--up-attn", "0", "1"])
+    assert err.value.code == 2
+
+
 def test_pretrain_script_refuses_a_run_without_an_output_folder(capsys):
     from examples.shapes.pretrain import main
 
