@@ -488,7 +488,8 @@ def main(argv=None) -> None:
             t_eval += time.time() - t0
     if args.bench:
         sps = (time.time() - t_b) / (total - 3)
-        log(f"BENCH channels {args.channels} attn {args.attn} up {args.up_attn} only-cross {args.only_cross} lpb {args.layers_per_block}: {sps:.3f} s/step "
+        log(f"BENCH channels {args.channels} attn {args.attn} up {args.up_attn} only-cross {args.only_cross} "
+            f"lpb {args.layers_per_block}: {sps:.3f} s/step "
             f"(batch {args.batch_size}, {args.threads} thread), unet {params['unet'] / 1e6:.2f}M params, "
             f"loss {run_loss / total:.4f}")
         return
