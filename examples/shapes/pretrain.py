@@ -348,10 +348,13 @@ def parse_args(argv=None):
                     help="CFG scales evaluated")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads")
-    ap.add_argument("--bench", type=int, default=0, help="only time this many training steps and exit")
+    ap.add_argument("--bench", type=int, default=0,
+                    help="only time this many training steps (at least 4; the first 3 warm up) and exit")
     args = ap.parse_args(argv)
     if not args.bench and not args.output_dir:
         ap.error("--output-dir is required (or --bench N to time N steps)")
+    if 0 < args.bench < 4:
+        ap.error("--bench N times the steps after 3 warm-up steps; use N >= 4")
     for name in ("attn", "up_attn", "only_cross"):
         flags = getattr(args, name)
         if flags is not None and (len(flags) != len(args.channels) or set(flags) - {0, 1}):

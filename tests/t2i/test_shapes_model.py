@@ -76,7 +76,7 @@ def test_pretrain_script_writes_a_pipeline_the_head_loads_and_replaces_it_whole(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model_log"]
 
 
-def test_pretrain_unet_options_place_cross_attention_per_level_and_path():
+def test_pretrain_unet_options_place_cross_attention_per_level_and_bad_flags_exit_2():
     """--attn marks the down path, --up-attn the up path, --only-cross drops a level's self-attention."""
     from examples.shapes.pretrain import make_unet, parse_args
 
@@ -95,6 +95,9 @@ def test_pretrain_unet_options_place_cross_attention_per_level_and_path():
     assert only == [True, False]  # 16x16 attends to the text only; 8x8 keeps its self-attention
     with pytest.raises(SystemExit) as err:
         parse_args(["--output-dir", "unused", "--up-attn", "0", "1"])
+    assert err.value.code == 2
+    with pytest.raises(SystemExit) as err:  # it times the steps after 3 warm-up steps
+        parse_args(["--bench", "3"])
     assert err.value.code == 2
 
 
