@@ -68,6 +68,12 @@ class Algorithm:
         return int(getattr(self.config, "group_size", 1))
 
     @property
+    def reference_weight(self) -> Optional[str]:
+        """The config field whose weight > 0 makes the loss call ``policy.reference_velocity``
+        (a KL or distance to the starting policy), or None when the loss never calls it."""
+        return None
+
+    @property
     def shared_init_noise(self) -> bool:
         """Samples of a group start from the same noise (FDFO pairs, DanceGRPO option)."""
         return bool(getattr(self.config, "shared_init_noise", False))

@@ -17,7 +17,7 @@ lowering v by delta_hat moves the predicted endpoint towards the branch's own on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
@@ -92,6 +92,10 @@ class FDFO(Algorithm):
     stochastic_sampler = False
 
     config: FDFOConfig
+
+    @property
+    def reference_weight(self) -> Optional[str]:
+        return "base_weight" if self.config.base_weight > 0 else None
 
     def compute_advantages(self, traj, per_reward, per_valid, reward_weights):
         if traj.batch_size % 2:

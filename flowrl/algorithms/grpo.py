@@ -99,6 +99,10 @@ class GRPO(Algorithm):
 
     config: GRPOConfig
 
+    @property
+    def reference_weight(self) -> Optional[str]:
+        return "kl_beta" if self.config.kl_beta > 0 else None
+
     def compute_advantages(self, traj, per_reward, per_valid, reward_weights):
         c = self.config
         if c.per_reward_norm:

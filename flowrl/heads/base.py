@@ -45,6 +45,11 @@ class Head(nn.Module):
         """[B, ...] model output at (x [B, ...], t [B]); the one differentiable call."""
         raise NotImplementedError
 
+    @property
+    def has_reference(self) -> bool:
+        """Whether ``reference_velocity`` works for this head as configured."""
+        return type(self).reference_velocity is not Head.reference_velocity
+
     def reference_velocity(self, x: Tensor, t: Tensor, cond: Dict[str, Tensor]) -> Tensor:
         """Model output of the reference (starting) policy, for KL terms; no grad.
 
@@ -123,6 +128,7 @@ def check_head_contract(head: Head, items: Sequence[Any], tmp_dir: Optional[str]
         ref = head.reference_velocity(x, t, cond)
     except NotImplementedError:
         ref = None
+    assert (ref is not None) == head.has_reference, "has_reference must say whether reference_velocity works"
     if ref is not None:
         assert not ref.requires_grad, "reference_velocity must carry no grad"
         assert torch.allclose(ref, v.detach(), atol=1e-5), "before training the reference equals the policy"

@@ -83,6 +83,10 @@ class Trainer:
         torch.manual_seed(c.seed)  # anything a builder draws from the global RNG is reproducible
         self.head = HEADS.get(c.head.name).builder(c.head)
         self.algorithm = ALGORITHMS.get(c.algorithm.name).builder(c.algorithm)
+        ref = self.algorithm.reference_weight
+        if ref and not self.head.has_reference:
+            raise ConfigError(f"algorithm.{ref}: {c.algorithm.name} compares with the starting policy, which head "
+                              f"{c.head.name} keeps no copy of here (full fine-tuning); set algorithm.{ref}=0 or train a LoRA")
         alphas = getattr(self.head, "alphas_cumprod", None)
         self.sampler = build_sampler(c.sampler, alphas)
         self.ode_sampler = build_sampler(eval_sampler_config(c.sampler), alphas)  # also chain.ode_outside_window's

@@ -15,7 +15,7 @@ from flowrl.config import load_config  # noqa: E402
 from flowrl.heads.t2i.prompts import Prompts, PromptsConfig, read_prompts  # noqa: E402
 from flowrl.registry import ConfigError  # noqa: E402
 from flowrl.trainer import Trainer  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
+from tests.conftest import ROOT, run_cli  # noqa: E402
 from tests.t2i.test_t2i_training import tiny_overrides  # noqa: E402
 
 
@@ -54,6 +54,18 @@ def test_full_fine_tuning_saves_a_loadable_pipeline(tiny_pipelines, tmp_path):
         trainer.head.reference_velocity(torch.zeros(1, 4, 4, 4), torch.ones(1), {})
 
 
+def test_a_kl_term_with_full_fine_tuning_is_refused_at_start(tiny_pipelines, tmp_path):
+    """Full fine-tuning keeps no reference copy, so a KL weight fails before any rollout, naming the key."""
+    overrides = tiny_overrides(tiny_pipelines["sd"], tmp_path / "run") + ["head.lora_rank=0", "algorithm.group_size=2"]
+    with pytest.raises(ConfigError, match="algorithm.kl_beta"):
+        Trainer(load_config("configs/t2i/sd15_ddpo_aesthetic.yaml", overrides + ["algorithm.kl_beta=0.04"]))
+    assert not (tmp_path / "run").exists()
+    res = run_cli("train", "configs/t2i/shapes_vg_grpo.yaml", f"head.path={tiny_pipelines['sd']}", "head.lora_rank=0",
+                  "algorithm.kl_beta=0.1", f"output_dir={tmp_path / 'vg'}")
+    assert res.returncode == 2 and "algorithm.kl_beta=0" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    Trainer(load_config("configs/t2i/sd15_ddpo_aesthetic.yaml", overrides))  # kl_beta 0 (the recipe's) builds
+
+
 def test_prompt_sources(tmp_path):
     (tmp_path / "p.txt").write_text("one\n\n two \n")
     (tmp_path / "p.jsonl").write_text('{"prompt": "a", "count": 2}\n{"prompt": "b"}\n')
@@ -72,8 +84,6 @@ def test_prompt_sources(tmp_path):
 
 def test_sample_command_writes_images_and_a_grid(tiny_pipelines, tmp_path):
     from safetensors.torch import load_file
-
-    from tests.conftest import run_cli
 
     out = tmp_path / "s"
     res = run_cli("sample", "configs/t2i/sd35m_flow_grpo.yaml", *tiny_overrides(tiny_pipelines["sd3"], out))

@@ -260,6 +260,10 @@ class T2IHead(Head):
             for m in text_layers:
                 m.enable_adapters(True)
 
+    @property
+    def has_reference(self) -> bool:
+        return self.lora_config is not None  # the reference is the same weights with the adapter off
+
     def reference_velocity(self, x, t, cond):
         if self.lora_config is None:
             raise NotImplementedError("full fine-tuning keeps no reference copy; set algorithm.kl_beta=0 or use LoRA")
