@@ -1,6 +1,6 @@
 """Pretrain the tiny text-to-image model of the shapes world (issue 5's "pretrained model").
 
-    .venv/bin/python examples/shapes/pretrain.py --output-dir examples/shapes/model --threads 1   # the committed model (78 min)
+    .venv/bin/python examples/shapes/pretrain.py --output-dir examples/shapes/model --threads 2   # the committed model (61 min)
     .venv/bin/python examples/shapes/pretrain.py --output-dir /tmp/shapes_try --steps 150  # a quick try
 
 Result: a ``StableDiffusionPipeline`` folder (diffusers format, SD1.5-style) whose UNet is
@@ -299,7 +299,7 @@ def parse_args(argv=None):
                     help="seed of the pretrain / RL / held-out prompt split (rewards.shapes.prompts)")
     ap.add_argument("--scenes-per-prompt", type=int, default=256,
                     help="rendered scenes per pretraining prompt")
-    ap.add_argument("--steps", type=int, default=3000,
+    ap.add_argument("--steps", type=int, default=2800,
                     help="optimizer steps")
     ap.add_argument("--batch-size", type=int, default=64,
                     help="images per step")
@@ -321,8 +321,8 @@ def parse_args(argv=None):
                     help="EMA decay of the saved weights (0 = save the raw weights)")
     ap.add_argument("--channels", type=int, nargs="+", default=[32, 64, 64],
                     help="UNet channels per resolution level (32x32, 16x16, 8x8)")
-    ap.add_argument("--attn", type=int, nargs="+", default=[0, 0, 1],
-                    help="cross-attention per level (0/1); 0 1 1 adds it at 16x16")
+    ap.add_argument("--attn", type=int, nargs="+", default=[0, 1, 1],
+                    help="cross-attention per level (0/1) at 32x32, 16x16, 8x8; 0 0 1 was the model before 2026-12-06")
     ap.add_argument("--up-attn", type=int, nargs="+", default=None,
                     help="cross-attention per level in the up path (default: as --attn)")
     ap.add_argument("--only-cross", type=int, nargs="+", default=None,
@@ -338,7 +338,7 @@ def parse_args(argv=None):
                     help="text encoder layers")
     ap.add_argument("--text-heads", type=int, default=2,
                     help="text encoder attention heads")
-    ap.add_argument("--eval-every", type=int, default=500,
+    ap.add_argument("--eval-every", type=int, default=1000,
                     help="held-out evaluation every N steps (0 = only at the end)")
     ap.add_argument("--eval-per-category", type=int, default=16,
                     help="held-out images per category in each evaluation")

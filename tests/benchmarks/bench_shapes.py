@@ -60,15 +60,16 @@ def run(algorithm: str, seed: int, out: Path, overrides: list[str], reuse: bool 
     return {"report": report, "curve": curve, "train_s": round(elapsed, 1), "wall_s": wall}
 
 
-def headroom(out: Path, samples: int, lora: bool = True) -> dict:
-    """mean_pass and pass@k of the run's final LoRA (or, lora=False, its pretrained model) on
-    ``samples`` images per held-out item, with the run's own evaluation settings; cached in
-    <out>/headroom-<samples>.json (the pretrained model's once per model, next to the runs)."""
+def headroom(out: Path, samples: int, trained: bool = True) -> dict:
+    """mean_pass and pass@k of the run's final head (a LoRA on the pretrained model, or a whole
+    fully fine-tuned pipeline) or, trained=False, of its pretrained model, on ``samples`` images per
+    held-out item, with the run's own evaluation settings; cached in <out>/headroom-<samples>.json
+    (the pretrained model's once per model, next to the runs)."""
     import yaml
 
     cfg = yaml.safe_load((out / "config.yaml").read_text())
-    name = f"headroom-{samples}.json" if lora else f"headroom-{samples}-{Path(cfg['head']['path']).name}.json"
-    cache = out / name if lora else out.parent / name
+    name = f"headroom-{samples}.json" if trained else f"headroom-{samples}-{Path(cfg['head']['path']).name}.json"
+    cache = out / name if trained else out.parent / name
     if cache.exists():
         return json.loads(cache.read_text())
     import torch
@@ -76,7 +77,11 @@ def headroom(out: Path, samples: int, lora: bool = True) -> dict:
     from examples.shapes.evaluate import run as evaluate
 
     torch.set_num_threads(1)
-    metrics, _ = evaluate(str(ROOT / cfg["head"]["path"]), lora=str(out / "final") if lora else "",
+    model, adapter = str(ROOT / cfg["head"]["path"]), ""
+    if trained:  # full fine-tuning saves the whole pipeline; a LoRA run saves only the adapter
+        final = out / "final"
+        model, adapter = (str(final), "") if (final / "model_index.json").exists() else (model, str(final))
+    metrics, _ = evaluate(model, lora=adapter,
                           per_category=cfg["data"]["eval_per_category"], num_steps=cfg["eval"]["num_steps"],
                           samples=samples)
     result = {k: v for k, v in metrics.items() if k == "mean_pass" or k.startswith("pass@")}
@@ -152,7 +157,7 @@ def main() -> None:
         results[alg] = {"seeds": args.seeds, "before": before, "after": after, "runs": runs}
         if args.samples > 1:
             k = f"pass@{2 ** (args.samples.bit_length() - 1)}"
-            base = headroom(work / f"{alg}-{args.seeds[0]}", args.samples, lora=False)
+            base = headroom(work / f"{alg}-{args.seeds[0]}", args.samples, trained=False)
             heads = [headroom(work / f"{alg}-{seed}", args.samples) for seed in args.seeds]
             for key, label in (("mean_pass", f"mean_pass x{args.samples}"), (k, k)):
                 print(f"{alg:<12} {label:<16} {base[key]:>16.3f} "

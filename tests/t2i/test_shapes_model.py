@@ -84,7 +84,10 @@ def test_pretrain_unet_options_place_cross_attention_per_level_and_bad_flags_exi
         unet = make_unet(parse_args(["--output-dir", "unused", *flags]))
         return unet.config.down_block_types, unet.config.up_block_types, unet
 
-    down, up, _ = blocks()
+    down, up, _ = blocks()  # the committed model: cross-attention at 16x16 and 8x8 in both paths
+    assert down == ("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D")
+    assert up == ("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D")
+    down, up, _ = blocks("--attn", "0", "0", "1")  # the model committed before 2026-12-06
     assert down == ("DownBlock2D", "DownBlock2D", "CrossAttnDownBlock2D")
     assert up == ("CrossAttnUpBlock2D", "UpBlock2D", "UpBlock2D")
     down, up, unet = blocks("--attn", "0", "1", "1", "--up-attn", "0", "0", "1", "--only-cross", "0", "1", "0")
