@@ -50,6 +50,11 @@ class Head(nn.Module):
         """Whether ``reference_velocity`` works for this head as configured."""
         return type(self).reference_velocity is not Head.reference_velocity
 
+    @property
+    def reference_hint(self) -> str:
+        """Why ``has_reference`` is False and how the user gets one (shown in the start-up error)."""
+        return "this head implements no reference policy"
+
     def reference_velocity(self, x: Tensor, t: Tensor, cond: Dict[str, Tensor]) -> Tensor:
         """Model output of the reference (starting) policy, for KL terms; no grad.
 
@@ -129,6 +134,8 @@ def check_head_contract(head: Head, items: Sequence[Any], tmp_dir: Optional[str]
     except NotImplementedError:
         ref = None
     assert (ref is not None) == head.has_reference, "has_reference must say whether reference_velocity works"
+    assert head.has_reference or (isinstance(head.reference_hint, str) and head.reference_hint), \
+        "a head without a reference must say why in reference_hint"
     if ref is not None:
         assert not ref.requires_grad, "reference_velocity must carry no grad"
         assert torch.allclose(ref, v.detach(), atol=1e-5), "before training the reference equals the policy"

@@ -86,7 +86,7 @@ class Trainer:
         ref = self.algorithm.reference_weight
         if ref and not self.head.has_reference:
             raise ConfigError(f"algorithm.{ref}: {c.algorithm.name} compares with the starting policy, which head "
-                              f"{c.head.name} keeps no copy of here (full fine-tuning); set algorithm.{ref}=0 or train a LoRA")
+                              f"{c.head.name} cannot give here ({self.head.reference_hint}); set algorithm.{ref}=0")
         alphas = getattr(self.head, "alphas_cumprod", None)
         self.sampler = build_sampler(c.sampler, alphas)
         self.ode_sampler = build_sampler(eval_sampler_config(c.sampler), alphas)  # also chain.ode_outside_window's

@@ -264,9 +264,13 @@ class T2IHead(Head):
     def has_reference(self) -> bool:
         return self.lora_config is not None  # the reference is the same weights with the adapter off
 
+    @property
+    def reference_hint(self) -> str:
+        return "full fine-tuning keeps no copy of the starting weights; a LoRA (head.lora_rank > 0) does"
+
     def reference_velocity(self, x, t, cond):
-        if self.lora_config is None:
-            raise NotImplementedError("full fine-tuning keeps no reference copy; set algorithm.kl_beta=0 or use LoRA")
+        if not self.has_reference:
+            raise NotImplementedError(self.reference_hint)
         with torch.no_grad(), self.adapters_disabled():
             return self.velocity(x, t, cond)
 
