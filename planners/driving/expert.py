@@ -24,7 +24,7 @@ from flowrl._fields import hfield
 from planners.driving import traffic
 from planners.driving.dynamics import wheelbase_of
 from planners.driving.geometry import wrap_angle
-from planners.driving.scenes import DT, SCENE_KINDS
+from planners.driving.scenes import SCENE_KINDS
 from planners.driving.sim import DrivingEnv, SimState, route_points
 
 Tensor = torch.Tensor

@@ -19,7 +19,7 @@ centreline than half a lane width) and route progress. ``env.step`` executes the
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch

@@ -147,7 +147,7 @@ class RobotDataset(OfflineDataset):
         self.horizon, self.n_obs, self.exec_steps = horizon, n_obs, exec_steps
         self.episodes = episodes
         self._eval_seeds = list(eval_seeds)
-        obs, ctx, chunks, cons, cols = [], [], [], [], {k: [] for k in
+        ctx, chunks, cons, cols = [], [], [], {k: [] for k in
                                                          ("episode", "source", "task", "ep_success", "oracle", "reward", "ret_to_go", "t")}
         for ei, e in enumerate(episodes):
             T = len(e.actions)

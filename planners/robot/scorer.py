@@ -169,7 +169,6 @@ class PTRScorer:
                 a = torch.arange(s, min(n, s + 2048))
                 cand = torch.cat([a[:, None], pools.negatives(a, c.k, g)], 1)
                 pool = f["y"][cand]
-                zero = torch.zeros(len(a), dtype=torch.long)
                 for name, m in (("full", self.full), ("abl", self.abl)):
                     if m is None:
                         continue

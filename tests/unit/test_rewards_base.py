@@ -199,7 +199,6 @@ def test_reward_failure_propagates_through_the_composite():
 
 
 def test_labels_let_one_config_use_a_reward_twice():
-    import flowrl.builtins  # noqa: F401
     from flowrl.testing import BrightnessConfig
     from rewards import CompositeReward
 
