@@ -42,7 +42,8 @@ same category (``noisy_captions``), as web captions' noise does. Loss: rectified
 flow, x_t = (1 - t) x0 + t eps, target eps - x0, t uniform in [0, 1] (``--t-dist``) then
 shifted by ``--shift`` like the scheduler. AdamW, linear warm-up then cosine decay, an EMA
 of the weights (``--ema``; the curve and the saved pipeline use it); everything is seeded by
-``--seed`` (reproducible on the same machine and torch version with the same thread count).
+``--seed``: bit for bit reproducible on the same machine and torch version with the same thread count
+(``torch.use_deterministic_algorithms`` is on; before 2026-12-07 two-thread runs were not, see FINDINGS).
 
 A held-out learning curve (eval split, balanced per category, fixed seeds, Euler with the
 scheduler's own sigmas, guidance 1 and 3) is written to ``OUTPUT_DIR_log/curve.jsonl``
@@ -365,7 +366,18 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    threads, strict = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(args.threads)
+    # reproducible on 2+ threads too: fail loudly if an op without a deterministic CPU kernel creeps in
+    torch.use_deterministic_algorithms(True)
+    try:
+        pretrain(args)
+    finally:  # leave the caller's process (a test session) as it was
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(strict)
+
+
+def pretrain(args: argparse.Namespace) -> None:
     import diffusers
     import transformers
 
@@ -452,7 +464,9 @@ def main(argv=None) -> None:
         with torch.no_grad():
             x0 = to_latent(pipe, imgs)
         uniq = list(dict.fromkeys(caps))
-        e = encode(pipe, uniq)[torch.tensor([uniq.index(c) for c in caps])]
+        # index_select, not advanced indexing: on CPU with 2+ threads the backward of x[idx] with repeated
+        # indices accumulates racily, so the text encoder's gradients (and every later step) change run to run
+        e = encode(pipe, uniq).index_select(0, torch.tensor([uniq.index(c) for c in caps]))
         if args.t_dist == "uniform":
             t = torch.rand(args.batch_size, generator=tg)
         else:

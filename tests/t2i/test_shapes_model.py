@@ -76,6 +76,22 @@ def test_pretrain_script_writes_a_pipeline_the_head_loads_and_replaces_it_whole(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model_log"]
 
 
+def test_pretrain_script_is_bitwise_reproducible_on_two_threads(tmp_path):
+    """The same command twice on 2 threads gives identical weights. (Advanced indexing's backward with
+    repeated indices accumulated racily on 2 threads, so the text encoder's gradients differed from step 1.)"""
+    from examples.shapes.pretrain import main
+
+    blobs = []
+    for run in ("a", "b"):
+        main(["--output-dir", str(tmp_path / run), "--steps", "3", "--scenes-per-prompt", "2", "--warmup", "1",
+              "--eval-every", "0", "--eval-per-category", "1", "--eval-steps", "1", "--eval-guidance", "1",
+              "--threads", "2", "--ema", "0"])
+        blobs.append([(tmp_path / run / c / f).read_bytes() for c, f in
+                      (("unet", "diffusion_pytorch_model.safetensors"), ("text_encoder", "model.safetensors"))])
+    assert blobs[0] == blobs[1]
+    assert torch.get_num_threads() == 1 and not torch.are_deterministic_algorithms_enabled()  # restored
+
+
 def test_pretrain_unet_options_place_cross_attention_per_level_and_bad_flags_exit_2():
     """--attn marks the down path, --up-attn the up path, --only-cross drops a level's self-attention."""
     from examples.shapes.pretrain import make_unet, parse_args
