@@ -67,8 +67,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from flowrl.trainer.checkpoint import replace_dir  # noqa: E402
 from rewards.shapes.prompts import (  # noqa: E402
-    CATEGORIES, MISMATCHES, is_held_out, mismatch, sample_scene, split_prompts, take_per_category)
+    CATEGORIES,
+    MISMATCHES,
+    is_held_out,
+    mismatch,
+    sample_scene,
+    split_prompts,
+    take_per_category,
+)
 from rewards.shapes.world import render  # noqa: E402
 
 BIG = 1000.0        # K: carrier offset of the identity autoencoder
@@ -519,8 +527,7 @@ def pretrain(args: argparse.Namespace) -> None:
     tmp = args.output_dir.rstrip("/") + ".tmp"  # written whole first: a failed save keeps the earlier model
     shutil.rmtree(tmp, ignore_errors=True)
     pipe.save_pretrained(tmp, safe_serialization=True)
-    shutil.rmtree(args.output_dir, ignore_errors=True)
-    os.replace(tmp, args.output_dir)
+    replace_dir(tmp, args.output_dir)
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(args.output_dir) for f in fs)
     info = {"args": vars(args), "parameters": params, "train_s": round(train_s, 1),
             "total_s": round(time.time() - t_start, 1), "size_mb": round(size / 2 ** 20, 2),

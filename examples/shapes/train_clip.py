@@ -46,6 +46,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from flowrl.trainer.checkpoint import replace_dir  # noqa: E402
 from rewards.shapes.prompts import CATEGORIES, sample_scene, split_prompts  # noqa: E402
 from rewards.shapes.verifier import Detection, satisfies  # noqa: E402
 from rewards.shapes.world import Scene, render  # noqa: E402
@@ -249,8 +250,7 @@ def main(argv=None) -> None:
               os.path.join(tmp, "open_clip_model.safetensors"))
     with open(os.path.join(tmp, "retrieval.json"), "w") as fh:
         json.dump(result, fh, indent=2)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
+    replace_dir(tmp, out_dir)
     print(f"[{time.time() - t0:6.1f}s] held-out image->text top-1 {result['heldout']}")
     print(f"[{time.time() - t0:6.1f}s] train-prompt image->text top-1 {result['train_prompts']}")
     torch.set_num_threads(1)

@@ -58,14 +58,27 @@ def write_checkpoint(root: str, step: int, *, trainable: Dict[str, torch.Tensor]
         fh.flush()
         os.fsync(fh.fileno())
     _fsync_dir(tmp)
-    if os.path.exists(final):
-        old = final + f".old-{os.getpid()}"
-        os.rename(final, old)
-        shutil.rmtree(old, ignore_errors=True)
-    os.rename(tmp, final)
-    _fsync_dir(root)
+    replace_dir(tmp, final)
     prune(root, keep)
     return final
+
+
+def replace_dir(src: str, dst: str) -> None:
+    """Move the finished folder ``src`` to ``dst``, replacing any folder there.
+
+    The old ``dst`` is renamed aside and removed only once ``src`` is in place, so a crash at
+    any point leaves a complete folder at ``dst`` or, briefly, at ``dst.old-<pid>``; never none.
+    """
+    dst = dst.rstrip("/")
+    old = None
+    if os.path.exists(dst):
+        old = f"{dst}.old-{os.getpid()}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(dst, old)
+    os.rename(src, dst)
+    _fsync_dir(os.path.dirname(os.path.abspath(dst)))
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def list_checkpoints(root: str):

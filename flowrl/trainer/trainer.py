@@ -496,9 +496,7 @@ class Trainer:
             with ctx:
                 self.head.save_pretrained(tmp)
                 ckpt.save_tensors(self.head.trainable_state_dict(), os.path.join(tmp, "trainable.safetensors"))
-            if os.path.exists(out):
-                shutil.rmtree(out)
-            os.rename(tmp, out)
+            ckpt.replace_dir(tmp, out)
         self.accelerator.wait_for_everyone()
 
     def train(self) -> Dict[str, Any]:

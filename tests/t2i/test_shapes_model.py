@@ -55,6 +55,23 @@ def test_committed_shapes_clip_loads_through_the_clip_reward_and_reproduces_its_
     assert size <= 25 * 2 ** 20
 
 
+def test_train_clip_script_writes_a_clip_the_reward_loads_and_replaces_it_whole(tmp_path):
+    """Two steps of examples/shapes/train_clip.py: a real run, small; a second run replaces the first."""
+    from examples.shapes.train_clip import main, reference_scores
+
+    out = tmp_path / "clip"
+    args = ["--output-dir", str(out), "--steps", "2", "--warmup", "1", "--scenes-per-prompt", "2",
+            "--eval-per-prompt", "1", "--batch-size", "16", "--threads", "1"]
+    main(args)
+    first = (out / "open_clip_model.safetensors").read_bytes()
+    scores = reference_scores(str(out))  # through the CLIP reward's normal open_clip loader
+    assert len(scores["matched"]) == len(scores["mismatched"]) > 0
+    assert 0.0 <= json.loads((out / "retrieval.json").read_text())["heldout"]["overall"] <= 1.0
+    main(args + ["--seed", "1"])
+    assert (out / "open_clip_model.safetensors").read_bytes() != first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clip"]  # no temporary or old folder left
+
+
 def test_pretrain_script_writes_a_pipeline_the_head_loads_and_replaces_it_whole(tmp_path):
     """Two steps on two scenes per prompt: a real run of examples/shapes/pretrain.py, small."""
     from examples.shapes.evaluate import load_head

@@ -45,6 +45,33 @@ def test_rewrite_of_same_step_replaces_it(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["step-2"]
 
 
+def test_replace_dir_keeps_a_complete_folder_if_interrupted(tmp_path, monkeypatch):
+    """A crash after the old folder is moved aside leaves it whole beside the new one; a
+    finished replace leaves only the new folder."""
+    dst, new = tmp_path / "model", tmp_path / "model.tmp"
+    for folder, text in ((dst, "old"), (new, "new")):
+        folder.mkdir()
+        (folder / "w.txt").write_text(text)
+    real_rename = os.rename
+
+    def crash_on_second(a, b):
+        if str(a) == str(new):
+            raise KeyboardInterrupt  # killed between the two renames
+        real_rename(a, b)
+
+    monkeypatch.setattr(os, "rename", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.replace_dir(str(new), str(dst))
+    monkeypatch.setattr(os, "rename", real_rename)
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("model.old-")]
+    assert len(aside) == 1 and (aside[0] / "w.txt").read_text() == "old"
+    assert (new / "w.txt").read_text() == "new"
+    ckpt.replace_dir(str(new), str(dst))
+    assert (dst / "w.txt").read_text() == "new"
+    ckpt.replace_dir(str(aside[0]), str(tmp_path / "restored"))  # into a fresh path: nothing to move aside
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "restored"]
+
+
 def test_missing_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="trainable.safetensors"):
         ckpt.read_checkpoint(str(tmp_path))
