@@ -40,3 +40,30 @@ def test_a_short_fdfo_run_with_the_demo_recipe_raises_the_training_reward(tmp_pa
     before, after = report["before"]["clip"], report["after"]["clip"]
     print(f"clip on the training prompts: {before:.2f} -> {after:.2f}")
     assert after > before + 3.0, (before, after)  # CLIP score points (100 x cosine)
+
+
+def test_the_demo_config_trains_bitwise_alike_twice_on_two_threads(tmp_path):
+    """`make demo` runs on 2 threads; two short runs of its config must save identical weights
+    (a racy multi-threaded backward, like advanced indexing's, would break this)."""
+    with open(os.path.join(ROOT, "configs", "t2i", "shapes_fdfo.yaml")) as fh:
+        raw = yaml.safe_load(fh)
+    raw.update(max_steps=2)
+    raw["head"]["path"] = os.path.join(ROOT, "examples", "shapes", "model")
+    raw["data"].update(eval_per_category=1)
+    raw["eval"].update(num_items=2)
+    raw["train"] = {"prompts_per_step": 8, "micro_batch_size": 8, "eval_every": 0, "progress": False,
+                    "tensorboard": False, "curves": False}
+    weights = []
+    torch.set_num_threads(2)
+    try:
+        for run in ("a", "b"):
+            raw["output_dir"] = str(tmp_path / run)
+            path = tmp_path / f"{run}.yaml"
+            path.write_text(yaml.safe_dump(raw))
+            Trainer(load_config(str(path))).train()
+            weights.append((tmp_path / run / "final" / "unet" / "diffusion_pytorch_model.safetensors").read_bytes())
+    finally:
+        torch.set_num_threads(1)
+    assert weights[0] == weights[1]
+    base = os.path.join(ROOT, "examples", "shapes", "model", "unet", "diffusion_pytorch_model.safetensors")
+    assert weights[0] != open(base, "rb").read()  # it trained
