@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo demo-toy test venv bench bench-toy bench-t2i bench-rewards bench-remote bench-shapes bench-driving bench-driving-splits bench-robot clean
+.PHONY: demo demo-toy test venv bench bench-toy bench-t2i bench-rewards bench-remote bench-shapes bench-demo bench-driving bench-driving-splits bench-robot clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -39,6 +39,9 @@ bench-rewards: $(STAMP)
 
 bench-shapes: $(STAMP)
 	$(BIN)/python tests/benchmarks/bench_shapes.py --out outputs/bench_shapes.json
+
+bench-demo: $(STAMP)
+	FLOWRL_NUM_THREADS=2 $(BIN)/python tests/benchmarks/bench_shapes.py --algorithms fdfo --out outputs/bench_demo.json
 
 bench-driving: $(STAMP)
 	$(BIN)/python tests/benchmarks/bench_driving_sim.py --threads 2 --scenes 256 --out outputs/bench_driving_sim.json

@@ -9,7 +9,8 @@ final model (and the pretrained one) is also scored on K images per held-out ite
 (``examples/shapes/evaluate.py --samples``): the mean pass rate over 8x more images than
 the single-noise evaluation, and pass@K, the best-of-K headroom. Not part of
 ``make test``; run with ``make bench-shapes`` (about 12 runs of the demo's length on a
-2-core CPU).
+2-core CPU). ``make bench-demo`` runs FDFO alone, the demo's three seeds on two threads
+(the README's demo table).
 """
 from __future__ import annotations
 
