@@ -69,14 +69,7 @@ if ROOT not in sys.path:
 
 from flowrl.trainer.checkpoint import replace_dir  # noqa: E402
 from rewards.shapes.prompts import (  # noqa: E402
-    CATEGORIES,
-    MISMATCHES,
-    is_held_out,
-    mismatch,
-    sample_scene,
-    split_prompts,
-    take_per_category,
-)
+    CATEGORIES, MISMATCHES, is_held_out, mismatch, sample_scene, split_prompts, take_per_category)
 from rewards.shapes.world import render  # noqa: E402
 
 BIG = 1000.0        # K: carrier offset of the identity autoencoder
