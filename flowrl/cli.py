@@ -15,6 +15,7 @@ USAGE = """flowrl train CONFIG [key=value ...]              train; writes output
 flowrl eval CONFIG [checkpoint=DIR] [key=value ...] evaluate a checkpoint (default: the starting model); writes output_dir/eval.json
 flowrl sample CONFIG [checkpoint=DIR] [key=value ...] sample the evaluation items; writes output_dir/samples.safetensors
 flowrl validate CONFIG [key=value ...]            check a config without running anything
+flowrl validate --build CONFIG [key=value ...]    also build the parts (loads the weights) and run train's start-up checks; writes nothing
 flowrl validate --list heads|algorithms|rewards|data|envs
 flowrl reward-serve CONFIG [--host H] [--port N] [--token-env VAR]  serve a config's rewards over HTTP"""
 
@@ -58,6 +59,13 @@ def cmd_validate(args) -> int:
         return 0
     if not args.config:
         raise UserError("validate: pass a CONFIG path (or --list KIND)")
+    if args.build:  # the checks that need the built head, sampler, data and environment
+        cfg, trainer = _trainer(args, for_eval=False)
+        n = sum(p.numel() for p in trainer.named_trainable.values())
+        trainer.close()
+        print(f"{args.config}: ok, built ({cfg.algorithm.name} on {cfg.head.name}, {n} trainable parameters, "
+              f"{cfg.max_steps} steps -> {cfg.output_dir})")
+        return 0
     cfg = _load(args.config, args.overrides)
     print(f"{args.config}: ok ({cfg.algorithm.name} on {cfg.head.name}, {cfg.max_steps} steps -> {cfg.output_dir})")
     return 0
@@ -140,13 +148,20 @@ def _parse(argv: List[str]) -> argparse.Namespace:
             raise UserError("--list: name a kind: heads, algorithms, rewards, data or envs")
         kind = rest[i + 1]
         del rest[i:i + 2]
+    build = "--build" in rest
+    if build:
+        if command != "validate":
+            raise UserError(f"--build: only validate takes it ({command} builds the parts anyway)")
+        rest.remove("--build")
     config = rest.pop(0) if rest and "=" not in rest[0] else None
     stray = [r for r in rest if "=" not in r]
     if stray:
         raise UserError(f"{stray[0]}: overrides are key=value (for example max_steps=10)")
     if command != "validate" and not config:
         raise UserError(f"{command} needs a CONFIG path (see configs/)")
-    return argparse.Namespace(command=command, config=config, overrides=rest, list=kind)
+    if build and kind:
+        raise UserError("--build: checks one CONFIG; drop --list")
+    return argparse.Namespace(command=command, config=config, overrides=rest, list=kind, build=build)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

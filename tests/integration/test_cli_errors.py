@@ -37,6 +37,7 @@ TINY = ["max_steps=1", "train.prompts_per_step=2", "eval.num_items=2", "eval.sam
 TINY_EVAL = ["eval.num_items=2", "eval.samples_per_item=2", "head.pretrain_steps=50"]
 EVAL_KEYS = {"toy_mode", "toy_mode_fraction"}
 REQUIRED = ("seed", "output_dir", "max_steps", "resume")
+CPS_TO_ZERO = ["sampler={name: cps, eta: 0.5}", "chain.num_steps=10"]  # CPS's last step has no noise
 TOY_CONFIGS = sorted(p.name for p in TOY.glob("*.yaml"))
 ALGORITHMS = ("fdfo", "flow_grpo", "dance_grpo", "vg_grpo", "flow_matching")
 TIMEOUT_S = 180
@@ -113,6 +114,12 @@ ERROR_CASES: List[Tuple[str, List[str], Tuple[str, ...]]] = [
     ("noise-corr-with-gaussian-mean-kl", ["train", FLOW, *TINY, "sampler.noise_corr=0.5", "sampler.noise_corr_dim=-1",
                                          "algorithm.kl_beta=0.1", "algorithm.kl_type=gaussian_mean",
                                          "output_dir={tmp}/train_corr_kl"], ("algorithm.kl_type", "k3")),
+    # checks that need the built parts: plain validate passes these (OK_CASES), --build catches them
+    ("build-cps-window-reaches-noiseless-step", ["validate", "--build", FLOW, *CPS_TO_ZERO],
+     ("step 9", "chain.train_window_size=9")),
+    ("build-noise-corr-axis-outside-action", ["validate", "--build", FLOW, "sampler.noise_corr=0.5"],
+     ("sampler.noise_corr_dim=-2", "event dims")),
+    ("build-on-train", ["train", "--build", FLOW], ("--build", "validate")),
     ("train-missing-head-weights", ["train", FLOW, *TINY, "head.path=/nonexistent", "output_dir={tmp}/train_nohead"],
      ("head.path", "/nonexistent")),
 ]
@@ -120,6 +127,8 @@ ERROR_CASES: List[Tuple[str, List[str], Tuple[str, ...]]] = [
 OK_CASES: List[Tuple[str, List[str]]] = [
     *[(f"validate-{name}", ["validate", f"configs/toy/{name}"]) for name in TOY_CONFIGS],
     ("list-algorithms", ["validate", "--list", "algorithms"]),
+    ("validate-skips-built-checks", ["validate", FLOW, *CPS_TO_ZERO]),
+    ("validate-build-fdfo", ["validate", "--build", FDFO, "output_dir={tmp}/build_fdfo"]),
 ]
 
 
@@ -175,7 +184,7 @@ def batch(tmp_path_factory) -> Dict[str, Any]:
     tmp = tmp_path_factory.mktemp("cli_errors")
     _write_inputs(tmp)
     jobs = {cid: [a.replace("{tmp}", str(tmp)) for a in argv] for cid, argv, _ in ERROR_CASES}
-    jobs.update({cid: argv for cid, argv in OK_CASES})
+    jobs.update({cid: [a.replace("{tmp}", str(tmp)) for a in argv] for cid, argv in OK_CASES})
     with ThreadPoolExecutor(max_workers=1) as chain_pool, \
             ThreadPoolExecutor(max_workers=(os.cpu_count() or 2) + 1) as pool:
         chain = chain_pool.submit(_run_based_cases, tmp)  # longest path first
@@ -202,6 +211,15 @@ def test_validate_every_toy_config(batch, name: str) -> None:
     assert proc.returncode == 0, _detail(proc)
     assert "ok" in proc.stdout, _detail(proc)
     assert "Traceback" not in proc.stderr, _detail(proc)
+
+
+def test_validate_build_builds_the_parts_and_writes_nothing(batch) -> None:
+    """Plain validate reads the config only; --build also builds the head, sampler and data and
+    runs the checks train makes before its first step, without creating output_dir."""
+    for cid, says in (("validate-skips-built-checks", "ok ("), ("validate-build-fdfo", "ok, built")):
+        proc = batch[cid]
+        assert proc.returncode == 0 and says in proc.stdout, _detail(proc)
+    assert not (batch["tmp"] / "build_fdfo").exists()
 
 
 def test_validate_list_algorithms(batch) -> None:

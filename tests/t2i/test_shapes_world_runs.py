@@ -26,9 +26,14 @@ def test_every_algorithm_has_a_shapes_recipe_and_each_validates():
         assert cfg.eval.num_items == 6 * cfg.data.eval_per_category  # the whole balanced held-out set
 
 
-def test_validate_command_accepts_the_demo_recipe():
-    res = run_cli("validate", "configs/t2i/shapes_fdfo.yaml")
-    assert res.returncode == 0, res.stderr
+def test_validate_command_accepts_the_demo_recipe_and_builds_it_without_writing(tmp_path):
+    out = tmp_path / "demo"
+    res = run_cli("validate", "configs/t2i/shapes_fdfo.yaml", f"output_dir={out}")
+    assert res.returncode == 0 and "ok (" in res.stdout, res.stderr
+    # --build loads the committed model and rewards and runs train's start-up checks
+    res = run_cli("validate", "--build", "configs/t2i/shapes_fdfo.yaml", f"output_dir={out}")
+    assert res.returncode == 0 and "ok, built" in res.stdout, res.stderr
+    assert not out.exists()
 
 
 def test_shapes_prompt_source_trains_on_rl_prompts_and_evaluates_balanced_held_out():
