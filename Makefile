@@ -24,7 +24,7 @@ demo-toy: $(STAMP)
 	FLOWRL_NUM_THREADS=1 $(BIN)/flowrl train configs/toy/fdfo.yaml output_dir=outputs/demo_toy overwrite=true
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=15 tests
 
 bench: bench-toy bench-t2i bench-rewards bench-remote bench-shapes bench-driving bench-driving-splits bench-robot
 
