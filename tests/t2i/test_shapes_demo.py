@@ -1,4 +1,4 @@
-"""The demo recipe on the committed shapes model: a short (a few minutes on one thread) FDFO
+"""The demo recipe on the committed shapes model: a short (about a minute on one thread) FDFO
 run with the demo's head and step size (full fine-tuning, lr 2e-4) and the ShapesCLIP
 reward raises that reward on its training prompts.
 
@@ -26,7 +26,7 @@ def test_a_short_fdfo_run_with_the_demo_recipe_raises_the_training_reward(tmp_pa
     torch.set_num_threads(1)
     with open(os.path.join(ROOT, "configs", "t2i", "shapes_fdfo.yaml")) as fh:
         raw = yaml.safe_load(fh)
-    raw.update(output_dir=str(tmp_path / "run"), max_steps=16)
+    raw.update(output_dir=str(tmp_path / "run"), max_steps=4)  # 4 x 16 prompts: +10.5 to +14.7 CLIP points over training seeds 0-3
     raw["head"]["path"] = os.path.join(ROOT, "examples", "shapes", "model")
     raw["sampler"] = {"name": "churn", "gamma": 0.0025}
     clip = reward_config(CLIP)  # the committed ShapesCLIP through the clip reward
@@ -39,7 +39,8 @@ def test_a_short_fdfo_run_with_the_demo_recipe_raises_the_training_reward(tmp_pa
     report = Trainer(load_config(str(path))).train()
     before, after = report["before"]["clip"], report["after"]["clip"]
     print(f"clip on the training prompts: {before:.2f} -> {after:.2f}")
-    assert after > before + 3.0, (before, after)  # CLIP score points (100 x cosine)
+    # CLIP score points (100 x cosine); one step moved it by -2.2, so +5 is more than noise
+    assert after > before + 5.0, (before, after)
 
 
 def test_the_demo_config_trains_bitwise_alike_twice_on_two_threads(tmp_path):
