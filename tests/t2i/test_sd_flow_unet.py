@@ -75,3 +75,28 @@ def test_fdfo_trains_a_flow_unet(flow_unet, tmp_path):
     assert (out / "final" / "pytorch_lora_weights.safetensors").exists()
     pipe = diffusers.StableDiffusionPipeline.from_pretrained(flow_unet, local_files_only=True)
     pipe.load_lora_weights(str(out / "final"))  # plain diffusers reads the trained LoRA
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_channels_last_gives_the_same_velocity_and_saves_the_usual_layout(flow_unet, lora_rank, tmp_path):
+    targets = ["to_q", "to_v", "conv1"]  # a LoRA on a convolution has 4-D (channels-last) factors
+    plain = build_t2i_head(head_config("sd", flow_unet, lora_rank=lora_rank, lora_targets=targets))
+    fast = build_t2i_head(head_config("sd", flow_unet, lora_rank=lora_rank, lora_targets=targets, channels_last=True))
+    convs = [p for p in fast.denoiser.parameters() if p.ndim == 4]
+    assert convs and all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
+    assert any(not p.is_contiguous() for p in convs)  # 3x3 kernels (1x1 ones are alike in both layouts)
+    cond = plain.encode(PROMPTS)
+    x = plain.init_noise(cond, _gens(2))
+    t = torch.tensor([0.9, 0.3])
+    v_plain, v_fast = plain.velocity(x, t, cond), fast.velocity(x, t, cond)
+    assert (v_plain - v_fast).abs().max() <= 1e-4 * v_plain.abs().max()
+    check_head_contract(fast, PROMPTS + ["a third prompt"], str(tmp_path / "saved"))
+    # the saved folder loads in plain diffusers; the live weights are channels-last again
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
+    if lora_rank == 0:
+        unet = diffusers.UNet2DConditionModel.from_pretrained(str(tmp_path / "saved"), subfolder="unet")
+        for (name, saved), live in zip(unet.named_parameters(), fast.denoiser.parameters()):
+            assert torch.equal(saved, live), name
+    else:
+        pipe = diffusers.StableDiffusionPipeline.from_pretrained(flow_unet, local_files_only=True)
+        pipe.load_lora_weights(str(tmp_path / "saved"))
