@@ -351,6 +351,9 @@ def parse_args(argv=None):
                     help="CFG scales evaluated")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads")
+    ap.add_argument("--channels-last", action="store_true",
+                    help="UNet weights in channels-last (NHWC) memory: faster convolutions on CPU, a model equal "
+                         "up to float rounding, so not bit for bit the committed one (trained without it)")
     ap.add_argument("--bench", type=int, default=0,
                     help="only time this many training steps (at least 4; the first 3 warm up) and exit")
     args = ap.parse_args(argv)
@@ -408,6 +411,8 @@ def pretrain(args: argparse.Namespace) -> None:
     params = {n: sum(p.numel() for p in getattr(pipe, n).parameters()) for n in ("unet", "text_encoder", "vae")}
     log(f"args {vars(args)}")
     log(f"parameters: {params}; unet blocks {pipe.unet.config.down_block_types}")
+    if args.channels_last:  # before the optimizer and EMA copy the weights; saving restores the usual layout
+        pipe.unet.to(memory_format=torch.channels_last)
     trainable = [p for n in ("unet", "text_encoder") for p in getattr(pipe, n).parameters()]
     set_mode(pipe, True)
     pipe.vae.requires_grad_(False)
@@ -508,7 +513,7 @@ def pretrain(args: argparse.Namespace) -> None:
     if args.bench:
         sps = (time.time() - t_b) / (total - 3)
         log(f"BENCH channels {args.channels} attn {args.attn} up {args.up_attn} only-cross {args.only_cross} "
-            f"lpb {args.layers_per_block}: {sps:.3f} s/step "
+            f"lpb {args.layers_per_block}{' channels-last' if args.channels_last else ''}: {sps:.3f} s/step "
             f"(batch {args.batch_size}, {args.threads} thread), unet {params['unet'] / 1e6:.2f}M params, "
             f"loss {run_loss / total:.4f}")
         return

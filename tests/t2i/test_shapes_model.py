@@ -93,7 +93,8 @@ def test_pretrain_script_writes_a_pipeline_the_head_loads_and_replaces_it_whole(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model_log"]
 
 
-def test_pretrain_script_is_bitwise_reproducible_on_two_threads(tmp_path):
+@pytest.mark.parametrize("layout", [[], ["--channels-last"]])
+def test_pretrain_script_is_bitwise_reproducible_on_two_threads(tmp_path, layout):
     """The same command twice on 2 threads gives identical weights. (Advanced indexing's backward with
     repeated indices accumulated racily on 2 threads, so the text encoder's gradients differed from step 1.)"""
     from examples.shapes.pretrain import main
@@ -102,7 +103,7 @@ def test_pretrain_script_is_bitwise_reproducible_on_two_threads(tmp_path):
     for run in ("a", "b"):
         main(["--output-dir", str(tmp_path / run), "--steps", "3", "--scenes-per-prompt", "2", "--warmup", "1",
               "--eval-every", "0", "--eval-per-category", "1", "--eval-steps", "1", "--eval-guidance", "1",
-              "--threads", "2", "--ema", "0"])
+              "--threads", "2", "--ema", "0", *layout])
         blobs.append([(tmp_path / run / c / f).read_bytes() for c, f in
                       (("unet", "diffusion_pytorch_model.safetensors"), ("text_encoder", "model.safetensors"))])
     assert blobs[0] == blobs[1]
