@@ -91,7 +91,7 @@ def test_channels_last_gives_the_same_velocity_and_saves_the_usual_layout(flow_u
     v_plain, v_fast = plain.velocity(x, t, cond), fast.velocity(x, t, cond)
     assert (v_plain - v_fast).abs().max() <= 1e-4 * v_plain.abs().max()
     check_head_contract(fast, PROMPTS + ["a third prompt"], str(tmp_path / "saved"))
-    # the saved folder loads in plain diffusers; the live weights are channels-last again
+    # the saved folder loads in plain diffusers; the live weights stay channels-last
     assert all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
     if lora_rank == 0:
         unet = diffusers.UNet2DConditionModel.from_pretrained(str(tmp_path / "saved"), subfolder="unet")
