@@ -100,3 +100,29 @@ def test_channels_last_gives_the_same_velocity_and_saves_the_usual_layout(flow_u
     else:
         pipe = diffusers.StableDiffusionPipeline.from_pretrained(flow_unet, local_files_only=True)
         pipe.load_lora_weights(str(tmp_path / "saved"))
+
+
+def test_freeze_modules_trains_only_the_rest(flow_unet, tmp_path):
+    out = tmp_path / "run"
+    frozen = ["down_blocks", "mid_block"]
+    cfg = load_config("configs/t2i/sd35m_fdfo.yaml", tiny_overrides(flow_unet, out) + [
+        "head.family=sd", "head.lora_rank=0", f"head.freeze_modules=[{', '.join(frozen)}]", "optim.lr=1e-3"])
+    trainer = Trainer(cfg)
+    names = list(trainer.named_trainable)
+    assert names and not any(n.startswith(("denoiser.down_blocks.", "denoiser.mid_block.")) for n in names)
+    assert any(n.startswith("denoiser.up_blocks.") for n in names)
+    trainer.train()
+    start = diffusers.UNet2DConditionModel.from_pretrained(flow_unet, subfolder="unet")
+    after = dict(diffusers.UNet2DConditionModel.from_pretrained(str(out / "final"), subfolder="unet").named_parameters())
+    moved = {n for n, p in start.named_parameters() if not torch.equal(p, after[n])}
+    assert moved and all(n.startswith(("up_blocks.", "conv_out", "conv_norm_out", "conv_in", "time_embedding"))
+                         for n in moved), sorted(moved)[:5]
+
+
+def test_freeze_modules_refuses_unknown_names_and_a_lora(flow_unet):
+    from flowrl.registry import ConfigError
+
+    with pytest.raises(ConfigError, match="no submodule 'down_block'.*top-level ones: .*down_blocks"):
+        build_t2i_head(head_config("sd", flow_unet, lora_rank=0, freeze_modules=["down_block"]))
+    with pytest.raises(ValueError, match="full fine-tuning"):
+        head_config("sd", flow_unet, lora_rank=4, freeze_modules=["down_blocks"])
