@@ -56,9 +56,10 @@ class T2IHeadConfig:
     train_text_encoder: bool = hfield(False, "also train the text encoder (sd family): a LoRA of the same rank on its "
                                       "attention projections, or all its weights when lora_rank = 0")
     freeze_modules: List[str] = hfield(default_factory=list, help="denoiser submodules kept frozen under full fine-tuning "
-                                       "(lora_rank = 0), by dotted-name prefix, e.g. [down_blocks, mid_block]: the backward "
-                                       "pass stops before them (the shapes demo with its UNet's encoder half frozen: "
-                                       "updates in 0.77x the time, iterations 0.87x)")
+                                       "(lora_rank = 0), by dotted name, e.g. [conv_in, time_embedding, down_blocks, "
+                                       "mid_block]: no gradients for their weights, and no backward pass through them "
+                                       "when nothing before them trains (that list, on the shapes demo: updates in "
+                                       "0.77x the time, iterations 0.87x)")
     gradient_checkpointing: bool = hfield(False, "recompute activations in the backward pass (less memory, ~30% slower)")
     channels_last: bool = hfield(False, "keep the denoiser's weights in channels-last (NHWC) memory: faster convolutions "
                                         "for UNets (sd family; 0.82x per iteration of the shapes demo on a 2-core CPU); "
