@@ -90,7 +90,7 @@ class T2IHeadConfig:
 
 
 def freeze_submodules(model: nn.Module, prefixes: Sequence[str]) -> None:
-    """Turn off the gradients of every parameter whose dotted name equals or lies under one of ``prefixes``."""
+    """Turn off the gradients of every parameter under one of the submodules named by ``prefixes``."""
     names = {n for n, _ in model.named_modules() if n}
     for prefix in prefixes:
         if prefix not in names:
@@ -98,7 +98,7 @@ def freeze_submodules(model: nn.Module, prefixes: Sequence[str]) -> None:
             raise ConfigError(f"head.freeze_modules: the denoiser has no submodule {prefix!r} "
                               f"(its top-level ones: {', '.join(top)})")
     for name, p in model.named_parameters():
-        if any(name == f or name.startswith(f + ".") for f in prefixes):
+        if any(name.startswith(f + ".") for f in prefixes):
             p.requires_grad_(False)
 
 
