@@ -7,7 +7,8 @@ PNG of held-out accuracy vs reward queries and vs training wall time (rollout + 
 seconds, evaluation excluded), and prints a table. With ``--samples K`` (default 8) each
 final model (and the pretrained one) is also scored on K images per held-out item
 (``examples/shapes/evaluate.py --samples``): the mean pass rate over 8x more images than
-the single-noise evaluation, and pass@K, the best-of-K headroom. Not part of
+the single-noise evaluation, and pass@K, the best-of-K headroom; a full fine-tune that exported
+a LoRA (``head.export_lora_rank``) gets its LoRA's mean pass on the pretrained model too. Not part of
 ``make test``; run with ``make bench-shapes`` (about 12 runs of the demo's length on a
 2-core CPU). ``make bench-demo`` runs FDFO alone, the demo's three seeds on two threads
 (the README's demo table).
@@ -61,15 +62,18 @@ def run(algorithm: str, seed: int, out: Path, overrides: list[str], reuse: bool 
     return {"report": report, "curve": curve, "train_s": round(elapsed, 1), "wall_s": wall}
 
 
-def headroom(out: Path, samples: int, trained: bool = True) -> dict:
+def headroom(out: Path, samples: int, trained: bool = True, exported: bool = False) -> dict:
     """mean_pass and pass@k of the run's final head (a LoRA on the pretrained model, or a whole
-    fully fine-tuned pipeline) or, trained=False, of its pretrained model, on ``samples`` images per
-    held-out item, with the run's own evaluation settings; cached in <out>/headroom-<samples>.json
-    (the pretrained model's once per model, next to the runs)."""
+    fully fine-tuned pipeline), or, exported=True, of the LoRA a full fine-tune exported to
+    final/lora (``head.export_lora_rank``) on the pretrained model, or, trained=False, of the
+    pretrained model, on ``samples`` images per held-out item, with the run's own evaluation
+    settings; cached in <out>/headroom-<samples>[-lora].json (the pretrained model's once per
+    model, next to the runs)."""
     import yaml
 
     cfg = yaml.safe_load((out / "config.yaml").read_text())
-    name = f"headroom-{samples}.json" if trained else f"headroom-{samples}-{Path(cfg['head']['path']).name}.json"
+    name = (f"headroom-{samples}{'-lora' if exported else ''}.json" if trained
+            else f"headroom-{samples}-{Path(cfg['head']['path']).name}.json")
     cache = out / name if trained else out.parent / name
     if cache.exists():
         return json.loads(cache.read_text())
@@ -82,6 +86,8 @@ def headroom(out: Path, samples: int, trained: bool = True) -> dict:
     if trained:  # full fine-tuning saves the whole pipeline; a LoRA run saves only the adapter
         final = out / "final"
         model, adapter = (str(final), "") if (final / "model_index.json").exists() else (model, str(final))
+        if exported:
+            model, adapter = str(ROOT / cfg["head"]["path"]), str(final / "lora")
     metrics, _ = evaluate(model, lora=adapter,
                           per_category=cfg["data"]["eval_per_category"], num_steps=cfg["eval"]["num_steps"],
                           samples=samples)
@@ -164,6 +170,11 @@ def main() -> None:
                 print(f"{alg:<12} {label:<16} {base[key]:>16.3f} "
                       f"{stat([h[key] for h in heads]):>16}", flush=True)
             results[alg]["headroom"] = {"before": base, "after": heads}
+            if all((work / f"{alg}-{seed}" / "final" / "lora").is_dir() for seed in args.seeds):
+                loras = [headroom(work / f"{alg}-{seed}", args.samples, exported=True) for seed in args.seeds]
+                print(f"{alg:<12} {'mean_pass lora':<16} {base['mean_pass']:>16.3f} "
+                      f"{stat([h['mean_pass'] for h in loras]):>16}", flush=True)
+                results[alg]["headroom"]["exported_lora"] = loras
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(results, fh, indent=2)

@@ -69,3 +69,8 @@ def test_the_demo_config_trains_bitwise_alike_twice_on_two_threads(tmp_path):
     assert weights[0] == weights[1]
     base = os.path.join(ROOT, "examples", "shapes", "model", "unet", "diffusion_pytorch_model.safetensors")
     assert weights[0] != open(base, "rb").read()  # it trained
+    # the demo also saves the change as a LoRA that plain diffusers puts on the committed model
+    from diffusers import StableDiffusionPipeline
+
+    pipe = StableDiffusionPipeline.from_pretrained(raw["head"]["path"], local_files_only=True)
+    pipe.load_lora_weights(str(tmp_path / "b" / "final" / "lora"))

@@ -60,6 +60,10 @@ class T2IHeadConfig:
                                        "mid_block]: no gradients for their weights, and no backward pass through them "
                                        "when nothing before them trains (that list, on the shapes demo: updates in "
                                        "0.77x the time, iterations 0.87x)")
+    export_lora_rank: int = hfield(0, "full fine-tuning (lora_rank = 0): also save the denoiser's change as a rank-r "
+                                   "LoRA in final/lora, which the family's load_lora_weights reads (truncated SVD of "
+                                   "each Linear and Conv2d weight's change; bias and norm changes are left out); 0 = off; "
+                                   "a LoRA run (lora_rank > 0) saves its own LoRA in final/ and ignores it")
     gradient_checkpointing: bool = hfield(False, "recompute activations in the backward pass (less memory, ~30% slower)")
     channels_last: bool = hfield(False, "keep the denoiser's weights in channels-last (NHWC) memory: faster convolutions "
                                         "for UNets (sd family; 0.82x per iteration of the shapes demo on a 2-core CPU); "
@@ -85,6 +89,11 @@ class T2IHeadConfig:
         if self.freeze_modules and self.lora_rank > 0:
             raise ValueError("head.freeze_modules applies to full fine-tuning (head.lora_rank = 0); "
                              "a LoRA picks its modules with head.lora_targets")
+        if self.export_lora_rank < 0:
+            raise ValueError("head.export_lora_rank must be >= 0 (0 = no exported LoRA)")
+        if self.export_lora_rank and self.lora_rank == 0 and self.train_text_encoder:
+            raise ValueError("head.export_lora_rank exports the denoiser's change only, not the fully trained text "
+                             "encoder's: set head.export_lora_rank=0 or head.train_text_encoder=false")
         if self.guidance_scale < 0 or self.decode_batch_size < 1 or self.prompt_cache_size < 1:
             raise ValueError("head.guidance_scale must be >= 0; head.decode_batch_size and head.prompt_cache_size >= 1")
 
@@ -338,8 +347,27 @@ class T2IHead(Head):
             type(self.pipe).save_lora_weights(directory, **layers)
         else:
             self.pipe.save_pretrained(directory)  # diffusers saves channels-last weights in the usual layout
+            if self.config.export_lora_rank:
+                self.save_change_as_lora(os.path.join(directory, "lora"))
         with open(os.path.join(directory, "flowrl_head.json"), "w") as fh:
             json.dump(asdict(self.config), fh, indent=2)
+
+    def save_change_as_lora(self, directory: str) -> None:
+        """Write the change full fine-tuning made to the denoiser (against the weights in
+        ``head.path``) as a rank ``export_lora_rank`` LoRA (``lora_export.py``) with the family's
+        ``save_lora_weights``, plus ``lora_export.json`` (rank, modules, share of the change kept)."""
+        from flowrl.heads.t2i.lora_export import lora_from_change
+
+        base = type(self.denoiser).from_pretrained(self.config.path, subfolder=self.denoiser_name,
+                                                   local_files_only=hub_offline())
+        export = lora_from_change(base, self.denoiser, self.config.export_lora_rank)
+        meta = export.config.to_dict()
+        meta["target_modules"] = sorted(meta["target_modules"])
+        type(self.pipe).save_lora_weights(directory, **{f"{self.denoiser_name}_lora_layers": export.state_dict,
+                                                        f"{self.denoiser_name}_lora_adapter_metadata": meta})
+        with open(os.path.join(directory, "lora_export.json"), "w") as fh:
+            json.dump({"rank": self.config.export_lora_rank, "modules": export.modules,
+                       "change_kept": round(export.kept, 6)}, fh, indent=2)
 
     def save_samples(self, images: Tensor, items: Sequence[Any], output_dir: str, tag: str) -> str:
         """Write an image grid PNG, each image with its prompt under it, to
