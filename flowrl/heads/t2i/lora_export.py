@@ -11,7 +11,7 @@ weights are not matrices and are left out; ``LoraExport.kept`` says how much of 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Any, Dict, Tuple
 
 import torch
 from torch import nn
@@ -24,7 +24,7 @@ class LoraExport:
     """What ``lora_from_change`` made: peft's adapter config, its state dict (peft key names,
     as ``get_peft_model_state_dict`` gives them) and the fraction of the change kept."""
 
-    config: "object"  # peft.LoraConfig
+    config: Any  # peft.LoraConfig (peft is imported only when a LoRA is made)
     state_dict: Dict[str, Tensor]
     kept: float
     modules: int
