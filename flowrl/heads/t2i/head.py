@@ -111,6 +111,13 @@ def freeze_submodules(model: nn.Module, prefixes: Sequence[str]) -> None:
             p.requires_grad_(False)
 
 
+def lora_metadata(config) -> Dict[str, Any]:
+    """A peft ``LoraConfig`` as the adapter metadata ``save_lora_weights`` stores (target modules sorted)."""
+    meta = config.to_dict()
+    meta["target_modules"] = sorted(meta["target_modules"])
+    return meta
+
+
 def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
 
@@ -335,15 +342,11 @@ class T2IHead(Head):
         full fine-tuning: the whole pipeline with ``save_pretrained``."""
         os.makedirs(directory, exist_ok=True)
         if self.lora_config is not None:
-            meta = self.lora_config.to_dict()
-            meta["target_modules"] = sorted(meta["target_modules"])
             layers = {f"{self.denoiser_name}_lora_layers": self.lora_state_dict(),
-                      f"{self.denoiser_name}_lora_adapter_metadata": meta}
+                      f"{self.denoiser_name}_lora_adapter_metadata": lora_metadata(self.lora_config)}
             if self.text_lora_config is not None:
-                text_meta = self.text_lora_config.to_dict()
-                text_meta["target_modules"] = sorted(text_meta["target_modules"])
                 layers.update(text_encoder_lora_layers=self.text_lora_state_dict(),
-                              text_encoder_lora_adapter_metadata=text_meta)
+                              text_encoder_lora_adapter_metadata=lora_metadata(self.text_lora_config))
             type(self.pipe).save_lora_weights(directory, **layers)
         else:
             self.pipe.save_pretrained(directory)  # diffusers saves channels-last weights in the usual layout
@@ -361,10 +364,9 @@ class T2IHead(Head):
         base = type(self.denoiser).from_pretrained(self.config.path, subfolder=self.denoiser_name,
                                                    local_files_only=hub_offline())
         export = lora_from_change(base, self.denoiser, self.config.export_lora_rank)
-        meta = export.config.to_dict()
-        meta["target_modules"] = sorted(meta["target_modules"])
-        type(self.pipe).save_lora_weights(directory, **{f"{self.denoiser_name}_lora_layers": export.state_dict,
-                                                        f"{self.denoiser_name}_lora_adapter_metadata": meta})
+        type(self.pipe).save_lora_weights(directory, **{
+            f"{self.denoiser_name}_lora_layers": export.state_dict,
+            f"{self.denoiser_name}_lora_adapter_metadata": lora_metadata(export.config)})
         with open(os.path.join(directory, "lora_export.json"), "w") as fh:
             json.dump({"rank": self.config.export_lora_rank, "modules": export.modules,
                        "change_kept": round(export.kept, 6)}, fh, indent=2)
